@@ -1,0 +1,27 @@
+"""Backends for the chain, one module each; importing this package registers them all."""
+
+from backends import eager, inductor  # noqa: F401  (registration side effects)
+from backends.errors import InvalidBackend, InvalidOption, Transient, Unsupported
+from backends.registry import (
+    Backend,
+    BackendRegistry,
+    CompiledFn,
+    CompilerFn,
+    lookup_backend,
+    register_backend,
+    registry,
+)
+
+__all__ = [
+    "Backend",
+    "BackendRegistry",
+    "CompiledFn",
+    "CompilerFn",
+    "InvalidBackend",
+    "InvalidOption",
+    "Transient",
+    "Unsupported",
+    "lookup_backend",
+    "register_backend",
+    "registry",
+]
