@@ -1,0 +1,38 @@
+"""Markers `cuda` and `tensorrt`, defined once: tests carrying them skip with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+
+def _cuda_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def _tensorrt_reason() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return "tensorrt is not installed: pip install 'backend-chain[gpu]'"
+    return _cuda_reason()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reasons = {"cuda": _cuda_reason, "tensorrt": _tensorrt_reason}
+    cache: dict[str, str | None] = {}
+    for item in items:
+        for marker, probe in reasons.items():
+            if marker in item.keywords:
+                if marker not in cache:
+                    cache[marker] = probe()
+                if cache[marker]:
+                    item.add_marker(pytest.mark.skip(reason=cache[marker]))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    """Each test compiles from scratch: no graphs cached from an earlier test."""
+    torch._dynamo.reset()

@@ -1,0 +1,103 @@
+"""Small real models for tests, built from code with random weights (seeded)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    """Convolutions with batch norm, ReLU, pooling and a linear head."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class TransformerBlock(nn.Module):
+    """Embedding lookup, multi-head attention, layer norm and a GELU MLP."""
+
+    def __init__(self, vocab: int = 100, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layer = nn.TransformerEncoderLayer(
+            dim,
+            heads,
+            dim_feedforward=4 * dim,
+            activation="gelu",
+            batch_first=True,
+            dropout=0.0,
+        )
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.layer(self.embed(tokens)))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TwoOutputs(nn.Module):
+    """A tuple output: logits and a normalised feature."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.fc(x))
+        return h, h / h.norm(dim=-1, keepdim=True)
+
+
+class GraphBreak(nn.Module):
+    """A print between two halves: dynamo hands over two graphs."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.a = nn.Linear(dim, dim)
+        self.b = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        torch._dynamo.graph_break()
+        return torch.sigmoid(self.b(h))
+
+
+def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A model in eval mode and inputs for it, seeded so every call builds the same."""
+    torch.manual_seed(0)
+    model: nn.Module
+    if name == "cnn":
+        model, args = SmallCNN(), (torch.randn(2, 3, 16, 16),)
+    elif name == "transformer":
+        model, args = TransformerBlock(), (torch.randint(0, 100, (2, 8)),)
+    elif name == "mlp":
+        model, args = MLP(), (torch.randn(4, 32),)
+    elif name == "two_outputs":
+        model, args = TwoOutputs(), (torch.randn(4, 16),)
+    elif name == "graph_break":
+        model, args = GraphBreak(), (torch.randn(4, 16),)
+    else:
+        raise ValueError(f"unknown test model {name!r}")
+    return model.eval(), args
+
+
+MODELS = ("cnn", "transformer", "mlp", "two_outputs", "graph_break")
