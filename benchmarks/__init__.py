@@ -1,0 +1,1 @@
+"""The benchmark: a model suite, an interleaved timing harness, report writers and the CLI."""

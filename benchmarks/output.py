@@ -1,0 +1,183 @@
+"""Report writers: the terminal table, CSV, JSON, a markdown summary and a PNG chart.
+
+Files are written atomically (a temporary file renamed over the target), so a crash
+leaves the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from benchmarks.harness import Result
+
+FIELDS = (
+    "model", "candidate", "kind", "status", "median_ms", "speedup", "compile_s",
+    "max_abs_err", "graphs", "winners", "samples", "reason",
+)  # fmt: skip
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, list):
+        return " ".join(value)
+    return "" if value is None else value
+
+
+def to_csv(rows: Sequence[Result]) -> str:
+    """One line per (model, candidate); winners space-separated in graph order."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        data = row.to_dict()
+        writer.writerow({k: _cell(data[k]) for k in FIELDS})
+    return buf.getvalue()
+
+
+def to_json(meta: dict[str, Any], rows: Sequence[Result]) -> str:
+    """The run's settings and machine under `meta`, every row under `rows` (inf as null)."""
+
+    def clean(value: Any) -> Any:
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+
+    data = [{k: clean(v) for k, v in r.to_dict().items()} for r in rows]
+    return json.dumps({"meta": meta, "rows": data}, indent=2)
+
+
+def geomeans(rows: Sequence[Result]) -> dict[str, tuple[float, int]]:
+    """Per candidate: geometric mean of its speedups over eager, and over how many models."""
+    logs: dict[str, list[float]] = {}
+    for row in rows:
+        if row.speedup:
+            logs.setdefault(row.candidate, []).append(math.log(row.speedup))
+    return {c: (math.exp(sum(v) / len(v)), len(v)) for c, v in logs.items()}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else format(value, spec)
+
+
+def _line(row: Result) -> list[str]:
+    return [
+        row.model,
+        row.candidate,
+        row.status,
+        _fmt(row.median_ms, ".3f"),
+        _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
+        _fmt(row.compile_s, ".2f"),
+        _fmt(row.max_abs_err, ".1e"),
+        "-" if row.graphs is None else str(row.graphs),
+        " ".join(row.winners) or "-",
+        row.reason,
+    ]
+
+
+HEADERS = ("model", "candidate", "status", "median ms", "speedup", "compile s", "max abs err",
+           "graphs", "winners", "reason / note")  # fmt: skip
+
+
+def to_table(rows: Sequence[Result], title: str) -> Table:
+    """The rich table printed at the end of a run."""
+    table = Table(title=title, show_lines=False)
+    for i, header in enumerate(HEADERS):
+        last = i == len(HEADERS) - 1
+        justify = "right" if 3 <= i <= 7 else "left"
+        table.add_column(header, justify=justify, no_wrap=not last, overflow="fold")
+    model = None
+    for row in rows:
+        if model is not None and row.model != model:
+            table.add_section()
+        model = row.model
+        style = "" if row.status == "ok" else "dim"
+        table.add_row(*(Text(cell) for cell in _line(row)), style=style)
+    return table
+
+
+def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
+    """A summary: the settings, geometric-mean speedups per candidate, then every row."""
+    out = [
+        "# Benchmark summary",
+        "",
+        f"`{meta['command']}` on {meta['machine']}: device {meta['device']}, dtype "
+        f"{meta['dtype']}, {meta['repeats']} interleaved repeats after {meta['warmup']} "
+        "warm-up rounds; median latency; speedup = eager median / candidate median (same run).",
+        "",
+        "## Geometric mean of speedups over eager",
+        "",
+        "| candidate | geomean speedup | models |",
+        "|---|---:|---:|",
+    ]
+    for cand, (mean, n) in geomeans(rows).items():
+        out.append(f"| {cand} | {mean:.2f}x | {n} |")
+    out += ["", "## All runs", "", "| " + " | ".join(HEADERS) + " |"]
+    out.append("|" + "---|" * len(HEADERS))
+    for row in rows:
+        out.append("| " + " | ".join(c.replace("|", "/") for c in _line(row)) + " |")
+    return "\n".join(out) + "\n"
+
+
+def write_png(path: Path, rows: Sequence[Result]) -> str | None:
+    """A grouped bar chart of speedups per model and candidate; a reason if it cannot."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "matplotlib is not installed (pip install 'backend-chain[bench]'): no chart"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    cands = list(dict.fromkeys(r.candidate for r in rows if r.speedup))
+    speed = {(r.model, r.candidate): r.speedup for r in rows if r.speedup}
+    width = 0.8 / max(len(cands), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(models)), 4.0))
+    for i, cand in enumerate(cands):
+        xs = [m + i * width for m in range(len(models))]
+        ax.bar(xs, [speed.get((m, cand), 0.0) for m in models], width, label=cand)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], models)
+    ax.set_ylabel("speedup over eager (x)")
+    ax.legend(fontsize="small", ncols=2)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return None
+
+
+def write_all(
+    out: Path, meta: dict[str, Any], rows: Sequence[Result]
+) -> tuple[list[Path], str | None]:
+    """Every output file into `out`; returns the paths written and why the chart was skipped."""
+    out.mkdir(parents=True, exist_ok=True)
+    writers: dict[str, Callable[[], str]] = {
+        "results.csv": lambda: to_csv(rows),
+        "results.json": lambda: to_json(meta, rows),
+        "summary.md": lambda: to_markdown(meta, rows),
+    }
+    paths = []
+    for name, render in writers.items():
+        write_atomic(out / name, render())
+        paths.append(out / name)
+    skipped = write_png(out / "speedups.png", rows)
+    if skipped is None:
+        paths.append(out / "speedups.png")
+    return paths, skipped

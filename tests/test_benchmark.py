@@ -1,0 +1,204 @@
+"""The benchmark: a --quick smoke run's files and figures, failure rows, and bad arguments."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import backends
+from backends.errors import Unsupported
+from benchmarks import run
+from benchmarks.harness import Candidate, Compiled, Settings, bench_model, max_abs_err, one_line
+from benchmarks.models import QUICK_MODELS, SUITE, default_models
+from benchmarks.output import FIELDS, geomeans
+
+NEVER_REASON = "needs a machine that does not exist (test backend)"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """One --quick run into a temporary folder, with a registered backend that is unavailable."""
+    out = tmp_path_factory.mktemp("bench")
+    with backends.registry.snapshot() as reg:
+
+        @reg.register("never", available=lambda: NEVER_REASON)
+        def never(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+            raise AssertionError("an unavailable backend must not be called")
+
+        argv = ["--quick", "--backends", "eager,never,tensorrt", "--chains", "eager"]
+        assert run.main([*argv, "--repeats", "3", "--out", str(out)]) == 0
+    torch._dynamo.reset()
+    yield out, json.loads((out / "results.json").read_text())
+
+
+def test_every_output_file_is_written_and_parses(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    out, data = quick_run
+    with (out / "results.csv").open() as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == FIELDS
+        csv_rows = list(reader)
+    labels = data["meta"]["candidates"]
+    assert labels[:4] == ["eager", "dynamo-eager", "never", "tensorrt"]
+    assert len(csv_rows) == len(data["rows"]) == len(QUICK_MODELS) * len(labels)
+    assert [(r["model"], r["candidate"]) for r in csv_rows] == [
+        (r["model"], r["candidate"]) for r in data["rows"]
+    ]
+    summary = (out / "summary.md").read_text()
+    assert "## Geometric mean of speedups over eager" in summary
+    assert "| eager | 1.00x | 2 |" in summary
+    assert "| dynamo-eager |" in summary
+    png = out / "speedups.png"
+    if importlib.util.find_spec("matplotlib") is None:
+        assert not png.exists()
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_speedup_is_eager_median_over_candidate_median(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    out, data = quick_run
+    eager = {r["model"]: r["median_ms"] for r in data["rows"] if r["candidate"] == "eager"}
+    assert set(eager) == set(QUICK_MODELS)
+    timed = [r for r in data["rows"] if r["status"] == "ok"]
+    assert {r["candidate"] for r in timed} >= {"eager", "dynamo-eager"}
+    for row in timed:
+        assert row["median_ms"] > 0 and row["compile_s"] >= 0
+        assert row["speedup"] == pytest.approx(eager[row["model"]] / row["median_ms"], rel=1e-9)
+        assert row["max_abs_err"] < 1e-4
+    with (out / "results.csv").open() as f:
+        for row in csv.DictReader(f):
+            if row["status"] == "ok":
+                ratio = eager[row["model"]] / float(row["median_ms"])
+                assert float(row["speedup"]) == pytest.approx(ratio, rel=1e-6)
+
+
+def test_unavailable_backends_are_rows_with_their_reason(
+    quick_run: tuple[Path, dict[str, Any]],
+) -> None:
+    _, data = quick_run
+    never = [r for r in data["rows"] if r["candidate"] == "never"]
+    assert [(r["status"], r["reason"]) for r in never] == [("unavailable", NEVER_REASON)] * 2
+    assert all(r["median_ms"] is None and r["speedup"] is None for r in never)
+    trt = [r for r in data["rows"] if r["candidate"] == "tensorrt"]
+    if trt[0]["status"] == "ok":
+        pytest.skip("tensorrt runs on this machine")
+    assert all(r["status"] in ("unavailable", "not_registered") and r["reason"] for r in trt)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--models", "resnet,nope"], "valid: resnet"),
+        (["--backends", "inductr"], "valid: "),
+        (["--chains", "onnxruntime,bogus"], "invalid chain backend: bogus"),
+        (["--device", "tpu"], "choose from"),
+        (["--dtype", "fp16"], "needs --device cuda"),
+        (["--dtype", "int8"], "choose from"),
+        (["--repeats", "0"], "must be >= 1"),
+        (["--batch-size", "many"], "not an integer"),
+        (["--modes", "slowest"], "valid: first, fastest"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_valid_choices(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", default_models())
+def test_suite_models_build_and_run(name: str) -> None:
+    model, inputs = SUITE[name].build(2, torch.device("cpu"), torch.float32, tiny=True)
+    with torch.no_grad():
+        out = model(*inputs)
+    leaves = out if isinstance(out, tuple) else (out,)
+    assert all(t.shape[0] == 2 and torch.isfinite(t).all() for t in leaves)
+
+
+def test_graph_break_model_hands_dynamo_two_graphs() -> None:
+    model, inputs = SUITE["graph_break"].build(2, torch.device("cpu"), torch.float32, tiny=True)
+    graphs: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    torch.compile(model, backend=counting)(*inputs)
+    assert len(graphs) == 2
+
+
+class Double(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _failing_after(calls: int) -> Compiled:
+    count = [0]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        count[0] += 1
+        if count[0] > calls:
+            raise RuntimeError("device lost\nsecond line")
+        return x * 2
+
+    return Compiled(fn)
+
+
+def test_failures_become_rows_with_reasons() -> None:
+    def unsupported(model: torch.nn.Module) -> Compiled:
+        raise Unsupported("op foo is not supported")
+
+    x = torch.ones(2)
+    candidates = [
+        Candidate("eager", "eager", lambda m: Compiled(m)),
+        Candidate("refuses", "backend", unsupported),
+        Candidate("dies", "backend", lambda m: _failing_after(1)),
+        Candidate("wrong", "backend", lambda m: Compiled(lambda x: x * 3)),
+    ]
+    rows = {r.candidate: r for r in bench_model("m", Double(), (x,), candidates, Settings(2, 1))}
+    assert (rows["refuses"].status, rows["refuses"].reason) == (
+        "unsupported",
+        "op foo is not supported",
+    )
+    assert (rows["dies"].status, rows["dies"].reason) == (
+        "runtime_error",
+        "RuntimeError: device lost",
+    )
+    assert rows["dies"].median_ms is None
+    assert rows["wrong"].status == "ok" and rows["wrong"].max_abs_err == 1.0
+    assert rows["eager"].speedup == 1.0
+
+
+def test_one_line_peels_dynamo_wrappers() -> None:
+    try:
+        try:
+            raise Unsupported("dynamic shapes", detail="long text")
+        except Unsupported as inner:
+            raise RuntimeError("backend='x' raised") from inner
+    except RuntimeError as outer:
+        assert one_line(outer) == ("unsupported", "dynamic shapes")
+    assert one_line(ValueError("bad\nmore")) == ("compile_error", "ValueError: bad")
+
+
+def test_max_abs_err_and_geomeans() -> None:
+    a = (torch.zeros(2), torch.ones(3))
+    assert max_abs_err(a, (torch.zeros(2), torch.full((3,), 1.5))) == 0.5
+    assert math.isinf(max_abs_err(a, (torch.zeros(2),)))
+    from benchmarks.harness import Result
+
+    rows = [
+        Result("a", "x", "backend", "ok", speedup=2.0),
+        Result("b", "x", "backend", "ok", speedup=0.5),
+    ]
+    assert geomeans(rows)["x"] == (pytest.approx(1.0), 2)
