@@ -55,6 +55,7 @@ class Result:
     status: str
     reason: str = ""
     median_ms: float | None = None
+    iqr_ms: float | None = None  # spread of the timed samples: p75 - p25
     speedup: float | None = None
     compile_s: float | None = None
     max_abs_err: float | None = None
@@ -203,5 +204,7 @@ def bench_model(
         if label not in live:
             continue
         res.median_ms, res.samples = statistics.median(times), len(times) * calls
+        quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        res.iqr_ms = quartiles[2] - quartiles[0]
         res.speedup = eager_ms / res.median_ms if eager_ms and res.median_ms > 0 else None
     return list(results.values())

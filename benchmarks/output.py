@@ -21,7 +21,7 @@ from rich.text import Text
 from benchmarks.harness import Result
 
 FIELDS = (
-    "model", "candidate", "kind", "status", "median_ms", "speedup", "compile_s",
+    "model", "candidate", "kind", "status", "median_ms", "iqr_ms", "speedup", "compile_s",
     "max_abs_err", "graphs", "winners", "samples", "reason",
 )  # fmt: skip
 
@@ -75,12 +75,20 @@ def _fmt(value: float | None, spec: str) -> str:
     return "inf" if math.isinf(value) else format(value, spec)
 
 
+def _spread(row: Result) -> str:
+    """The interquartile range as a share of the median: how much to trust the figure."""
+    if row.iqr_ms is None or not row.median_ms:
+        return "-"
+    return f"±{50 * row.iqr_ms / row.median_ms:.0f}%"
+
+
 def _line(row: Result) -> list[str]:
     return [
         row.model,
         row.candidate,
         row.status,
         _fmt(row.median_ms, ".3f"),
+        _spread(row),
         _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
         _fmt(row.compile_s, ".2f"),
         _fmt(row.max_abs_err, ".1e"),
@@ -90,8 +98,10 @@ def _line(row: Result) -> list[str]:
     ]
 
 
-HEADERS = ("model", "candidate", "status", "median ms", "speedup", "compile s", "max abs err",
-           "graphs", "winners", "reason / note")  # fmt: skip
+HEADERS = (
+    "model", "candidate", "status", "median ms", "spread", "speedup", "compile s",
+    "max abs err", "graphs", "winners", "reason / note",
+)  # fmt: skip
 
 
 def to_table(rows: Sequence[Result], title: str) -> Table:
@@ -99,7 +109,7 @@ def to_table(rows: Sequence[Result], title: str) -> Table:
     table = Table(title=title, show_lines=False)
     for i, header in enumerate(HEADERS):
         last = i == len(HEADERS) - 1
-        justify = "right" if 3 <= i <= 7 else "left"
+        justify = "right" if 3 <= i <= 8 else "left"
         table.add_column(header, justify=justify, no_wrap=not last, overflow="fold")
     model = None
     for row in rows:
@@ -118,7 +128,9 @@ def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
         "",
         f"`{meta['command']}` on {meta['machine']}: device {meta['device']}, dtype "
         f"{meta['dtype']}, {meta['repeats']} interleaved repeats after {meta['warmup']} "
-        "warm-up rounds; median latency; speedup = eager median / candidate median (same run).",
+        "warm-up rounds; median latency; spread = half the interquartile range over the median; "
+        "speedup = eager median / candidate median (same run); compile time = the first call; "
+        f"load average {meta['load_before']} before, {meta['load_after']} after.",
         "",
         "## Geometric mean of speedups over eager",
         "",
@@ -144,14 +156,14 @@ def write_png(path: Path, rows: Sequence[Result]) -> str | None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r.model for r in rows))
-    cands = list(dict.fromkeys(r.candidate for r in rows if r.speedup))
+    cands = list(dict.fromkeys(r.candidate for r in rows if r.speedup and r.kind != "eager"))
     speed = {(r.model, r.candidate): r.speedup for r in rows if r.speedup}
     width = 0.8 / max(len(cands), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(models)), 4.0))
     for i, cand in enumerate(cands):
         xs = [m + i * width for m in range(len(models))]
         ax.bar(xs, [speed.get((m, cand), 0.0) for m in models], width, label=cand)
-    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.0, color="black", linewidth=0.8, label="eager = 1")
     ax.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], models)
     ax.set_ylabel("speedup over eager (x)")
     ax.legend(fontsize="small", ncols=2)

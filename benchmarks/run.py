@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=positive(1), help="timed rounds (default 20; 5 with --quick)")
     p.add_argument("--warmup", type=positive(0), help="warm-up rounds (default 3; 1 with --quick)")
+    p.add_argument("--threads", type=positive(1), help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)"
     )
@@ -145,6 +146,12 @@ def machine() -> str:
 def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], list[Result]]:
     """Every model through every candidate, with a progress bar; returns (meta, rows)."""
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        busy = f"note: this machine is busy (load {load:.1f} on {os.cpu_count()} cores): "
+        console.print(busy + "expect noisy figures; the spread column says how much", markup=False)
     settings = Settings(repeats=args.repeats, warmup=args.warmup)
     candidates = build_candidates(args.backends, args.chains, args.modes)
     rows: list[Result] = []
@@ -178,6 +185,8 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
         "models": args.models,
         "candidates": [c.label for c in candidates],
         "python": platform.python_version(),
+        "load_before": round(load, 2),
+        "load_after": round(os.getloadavg()[0], 2),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     return meta, rows
