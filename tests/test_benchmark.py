@@ -17,9 +17,10 @@ import backends
 from backends.errors import Unsupported
 from benchmarks import run
 from benchmarks.harness import Candidate, Compiled, Settings, bench_model, max_abs_err, one_line
-from benchmarks.models import QUICK_MODELS, SUITE, default_models
+from benchmarks.models import SUITE, default_models
 from benchmarks.output import FIELDS, geomeans
 
+MODELS = ("mlp", "graph_break")
 NEVER_REASON = "needs a machine that does not exist (test backend)"
 
 
@@ -33,7 +34,8 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
         def never(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
             raise AssertionError("an unavailable backend must not be called")
 
-        argv = ["--quick", "--backends", "eager,never,tensorrt", "--chains", "eager"]
+        argv = ["--quick", "--models", ",".join(MODELS), "--backends", "eager,never,tensorrt"]
+        argv += ["--chains", "tensorrt,eager"]
         assert run.main([*argv, "--repeats", "3", "--out", str(out)]) == 0
     torch._dynamo.reset()
     yield out, json.loads((out / "results.json").read_text())
@@ -46,8 +48,11 @@ def test_every_output_file_is_written_and_parses(quick_run: tuple[Path, dict[str
         assert tuple(reader.fieldnames or ()) == FIELDS
         csv_rows = list(reader)
     labels = data["meta"]["candidates"]
-    assert labels[:4] == ["eager", "dynamo-eager", "never", "tensorrt"]
-    assert len(csv_rows) == len(data["rows"]) == len(QUICK_MODELS) * len(labels)
+    assert labels == [
+        "eager", "dynamo-eager", "never", "tensorrt",
+        "chain(tensorrt,eager)[first]", "chain(tensorrt,eager)[fastest]",
+    ]  # fmt: skip
+    assert len(csv_rows) == len(data["rows"]) == len(MODELS) * len(labels)
     assert [(r["model"], r["candidate"]) for r in csv_rows] == [
         (r["model"], r["candidate"]) for r in data["rows"]
     ]
@@ -67,7 +72,7 @@ def test_speedup_is_eager_median_over_candidate_median(
 ) -> None:
     out, data = quick_run
     eager = {r["model"]: r["median_ms"] for r in data["rows"] if r["candidate"] == "eager"}
-    assert set(eager) == set(QUICK_MODELS)
+    assert set(eager) == set(MODELS)
     timed = [r for r in data["rows"] if r["status"] == "ok"]
     assert {r["candidate"] for r in timed} >= {"eager", "dynamo-eager"}
     for row in timed:
@@ -92,6 +97,21 @@ def test_unavailable_backends_are_rows_with_their_reason(
     if trt[0]["status"] == "ok":
         pytest.skip("tensorrt runs on this machine")
     assert all(r["status"] in ("unavailable", "not_registered") and r["reason"] for r in trt)
+
+
+def test_chain_rows_count_graphs_and_name_winners(quick_run: tuple[Path, dict[str, Any]]) -> None:
+    _, data = quick_run
+    graphs = {"mlp": 1, "graph_break": 2}
+    chains = [r for r in data["rows"] if r["kind"] == "chain"]
+    assert len(chains) == 4
+    for row in chains:
+        assert row["status"] == "ok", row
+        assert row["graphs"] == graphs[row["model"]]
+        assert row["winners"] == ["eager"] * graphs[row["model"]]  # no tensorrt on CPU
+        if "tensorrt" not in backends.registry:
+            assert row["reason"] == "without tensorrt (not registered)"
+    dynamo = [r for r in data["rows"] if r["candidate"] == "dynamo-eager"]
+    assert [r["graphs"] for r in dynamo] == [1, 2]
 
 
 @pytest.mark.parametrize(
