@@ -18,6 +18,9 @@ import backends
 from benchmarks.harness import Candidate, Compiled
 from chain import DEFAULT_CHAIN, chain
 from chain.core import MODES
+from chain.records import GraphRecord, Status
+
+KEPT_QUIET = (Status.WON, Status.NOT_TRIED)
 
 KNOWN_BACKENDS = ("eager", "inductor", "onnxruntime", "cudagraphs", "tensorrt")
 
@@ -63,6 +66,12 @@ def chain_label(names: Sequence[str], mode: str) -> str:
     return f"chain{spelled}[{mode}]"
 
 
+def losses(graphs: Sequence[GraphRecord]) -> list[str]:
+    """Why the other backends lost, one line per distinct (backend, status, reason)."""
+    lines = (str(a) for g in graphs for a in g.attempts if a.status not in KEPT_QUIET)
+    return list(dict.fromkeys(lines))
+
+
 def chain_candidate(names: Sequence[str], mode: str) -> Candidate:
     """torch.compile with `chain(*names, mode=mode)`; winners come from the chain's report.
 
@@ -82,6 +91,7 @@ def chain_candidate(names: Sequence[str], mode: str) -> Candidate:
             torch.compile(model, backend=backend),
             lambda: len(backend.report.graphs),
             lambda: [str(g.winner or "none") for g in backend.report.graphs],
+            lambda: losses(backend.report.graphs),
         )
 
     return Candidate(label, "chain", make, note=note)

@@ -31,6 +31,7 @@ class Compiled:
     fn: Callable[..., Any]
     graphs: Callable[[], int | None] = lambda: None
     winners: Callable[[], list[str]] = list
+    lost: Callable[[], list[str]] = list  # why the others lost, for chains
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Result:
     max_abs_err: float | None = None
     graphs: int | None = None
     winners: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
     samples: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +158,11 @@ def compile_candidates(
             result.status, result.reason = one_line(error)
             continue
         result.max_abs_err = max_abs_err(expected, out)
-        result.graphs, result.winners = compiled.graphs(), compiled.winners()
+        result.graphs, result.winners, result.lost = (
+            compiled.graphs(),
+            compiled.winners(),
+            compiled.lost(),
+        )
         live[cand.label] = compiled
     return results, live
 

@@ -22,7 +22,7 @@ from benchmarks.harness import Result
 
 FIELDS = (
     "model", "candidate", "kind", "status", "median_ms", "iqr_ms", "speedup", "compile_s",
-    "max_abs_err", "graphs", "winners", "samples", "reason",
+    "max_abs_err", "graphs", "winners", "samples", "reason", "lost",
 )  # fmt: skip
 
 
@@ -35,12 +35,12 @@ def write_atomic(path: Path, text: str) -> None:
 
 def _cell(value: Any) -> Any:
     if isinstance(value, list):
-        return " ".join(value)
+        return "; ".join(value)
     return "" if value is None else value
 
 
 def to_csv(rows: Sequence[Result]) -> str:
-    """One line per (model, candidate); winners space-separated in graph order."""
+    """One line per (model, candidate); lists (winners in graph order, losses) joined by '; '."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
     writer.writeheader()
@@ -121,6 +121,32 @@ def to_table(rows: Sequence[Result], title: str) -> Table:
     return table
 
 
+def chain_costs(rows: Sequence[Result]) -> list[str]:
+    """Markdown: each chain row against its winner run alone, and what the chain rejected."""
+    alone = {(r.model, r.candidate): r for r in rows if r.kind == "backend" and r.median_ms}
+    out = ["", "## What the chains cost", ""]
+    out += ["Compile time of the chain (every backend it tried, verified and measured) and its "
+            "latency, against the backend that won every graph, run alone.", ""]  # fmt: skip
+    out += ["| model | chain | winner | compile s: chain / alone | latency: chain / alone |"]
+    out += ["|---|---|---|---:|---:|"]
+    rejected: list[str] = []
+    for row in rows:
+        if row.kind != "chain" or not row.median_ms:
+            continue
+        rejected += [f"- {row.model}, {row.candidate}: {line}" for line in row.lost]
+        winners = set(row.winners)
+        label = "dynamo-eager" if winners == {"eager"} else next(iter(winners), "")
+        other = alone.get((row.model, label)) if len(winners) == 1 else None
+        if other is None or other.median_ms is None:
+            continue
+        ratio = f"{row.compile_s:.2f} / {other.compile_s:.2f}"
+        out.append(f"| {row.model} | {row.candidate} | {label} | {ratio} | "
+                   f"{row.median_ms / other.median_ms:.2f}x |")  # fmt: skip
+    if rejected:
+        out += ["", "Why the other backends of each chain lost:", "", *rejected]
+    return out
+
+
 def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
     """A summary: the settings, geometric-mean speedups per candidate, then every row."""
     out = [
@@ -139,6 +165,7 @@ def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
     ]
     for cand, (mean, n) in geomeans(rows).items():
         out.append(f"| {cand} | {mean:.2f}x | {n} |")
+    out += chain_costs(rows)
     out += ["", "## All runs", "", "| " + " | ".join(HEADERS) + " |"]
     out.append("|" + "---|" * len(HEADERS))
     for row in rows:
