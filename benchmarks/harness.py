@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from backends.errors import Unsupported
+from chain.verify import compare
 
 Inputs = tuple[torch.Tensor, ...]
 
@@ -125,7 +126,6 @@ def _device(inputs: Inputs) -> torch.device:
 def _drop(result: Result, live: dict[str, Compiled], label: str, error: BaseException) -> None:
     """A candidate that failed after compiling: its row says why, its column stops."""
     result.status, result.reason = "runtime_error", one_line(error)[1]
-    result.median_ms = result.speedup = None
     live.pop(label, None)
 
 
@@ -158,11 +158,11 @@ def compile_candidates(
             result.status, result.reason = one_line(error)
             continue
         result.max_abs_err = max_abs_err(expected, out)
-        result.graphs, result.winners, result.lost = (
-            compiled.graphs(),
-            compiled.winners(),
-            compiled.lost(),
-        )
+        verdict = compare(expected, out)
+        if verdict.reason:  # still timed: a wrong answer's speed is worth knowing, not winning
+            result.status, result.reason = "mismatch", verdict.reason
+        result.graphs, result.winners = compiled.graphs(), compiled.winners()
+        result.lost = compiled.lost()
         live[cand.label] = compiled
     return results, live
 
@@ -190,7 +190,11 @@ def bench_model(
                 except Exception as error:  # fails after compiling: recorded, dropped
                     _drop(results[label], live, label, error)
         baseline = live.get(candidates[0].label)
-        once = _time(baseline.fn, inputs, 1, device) if baseline else settings.min_sample_ms
+        once = (
+            statistics.median(_time(baseline.fn, inputs, 1, device) for _ in range(3))
+            if baseline
+            else settings.min_sample_ms
+        )
         calls = max(1, min(1000, math.ceil(settings.min_sample_ms / max(once, 1e-6))))
         samples: dict[str, list[float]] = {label: [] for label in live}
         labels = list(live)

@@ -61,10 +61,13 @@ def to_json(meta: dict[str, Any], rows: Sequence[Result]) -> str:
 
 
 def geomeans(rows: Sequence[Result]) -> dict[str, tuple[float, int]]:
-    """Per candidate: geometric mean of its speedups over eager, and over how many models."""
+    """Per candidate: geometric mean of its speedups over eager, and over how many models.
+
+    Only rows whose outputs matched eager count: a wrong answer's speed is no gain.
+    """
     logs: dict[str, list[float]] = {}
     for row in rows:
-        if row.speedup:
+        if row.speedup and row.status == "ok":
             logs.setdefault(row.candidate, []).append(math.log(row.speedup))
     return {c: (math.exp(sum(v) / len(v)), len(v)) for c, v in logs.items()}
 
