@@ -222,5 +222,6 @@ def test_max_abs_err_and_geomeans() -> None:
     rows = [
         Result("a", "x", "backend", "ok", speedup=2.0),
         Result("b", "x", "backend", "ok", speedup=0.5),
+        Result("c", "x", "backend", "mismatch", speedup=10.0),  # a wrong answer is no gain
     ]
     assert geomeans(rows)["x"] == (pytest.approx(1.0), 2)
