@@ -16,7 +16,15 @@ import torch
 import backends
 from backends.errors import Unsupported
 from benchmarks import run
-from benchmarks.harness import Candidate, Compiled, Settings, bench_model, max_abs_err, one_line
+from benchmarks.harness import (
+    Candidate,
+    Compiled,
+    Result,
+    Settings,
+    bench_model,
+    max_abs_err,
+    one_line,
+)
 from benchmarks.models import SUITE, default_models
 from benchmarks.output import FIELDS, geomeans
 
@@ -217,7 +225,6 @@ def test_max_abs_err_and_geomeans() -> None:
     a = (torch.zeros(2), torch.ones(3))
     assert max_abs_err(a, (torch.zeros(2), torch.full((3,), 1.5))) == 0.5
     assert math.isinf(max_abs_err(a, (torch.zeros(2),)))
-    from benchmarks.harness import Result
 
     rows = [
         Result("a", "x", "backend", "ok", speedup=2.0),
