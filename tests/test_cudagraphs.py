@@ -270,3 +270,11 @@ def test_outputs_held_across_calls_are_not_overwritten() -> None:
         other = compiled(b)
         torch.testing.assert_close(held, kept)
         torch.testing.assert_close(other, model(b))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_benchmark_says_why_it_cannot_measure(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.launch_bound import main
+
+    assert main([]) == 1
+    assert f"nothing to measure: {cudagraphs_available()}" in capsys.readouterr().err
