@@ -200,6 +200,28 @@ def check_static_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> st
     return None
 
 
+def check_inference(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Training graphs: activations saved for backward keep cudagraph trees re-recording.
+
+    Read from the outputs' recorded values (they require grad when the graph was traced in
+    grad mode with trainable inputs); without them, from the grad mode in force and the
+    example inputs, as aot_autograd decides.
+    """
+    hint = "compile and run under torch.no_grad() or torch.inference_mode()"
+    outputs = [(n, value(n)) for n in gm.graph.output_node().all_input_nodes]
+    if any(val is not None for _, val in outputs):
+        for node, val in outputs:
+            if isinstance(val, torch.Tensor) and val.requires_grad:
+                return f"training graph: output {node.name} requires grad ({hint})"
+        return None
+    if torch.is_grad_enabled():
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        for p, example in zip(placeholders, example_inputs, strict=False):
+            if isinstance(example, torch.Tensor) and example.requires_grad:
+                return f"training graph: input {p.name} requires grad in grad mode ({hint})"
+    return None
+
+
 def tensor_devices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Iterator[tuple[str, Any]]:
     """(what is where, device) for every tensor and device argument the graph holds or makes."""
     placeholders = gm.graph.find_nodes(op="placeholder")
@@ -251,6 +273,7 @@ CHECKS: tuple[Callable[[fx.GraphModule, Sequence[Any]], str | None], ...] = (
     check_data_dependent,
     check_random,
     check_static_shapes,
+    check_inference,
     check_one_cuda_device,
 )
 

@@ -4,7 +4,8 @@ Built on dynamo's `cudagraphs` backend (aot_autograd + cudagraph trees), not a c
 loop of our own. What this module adds is honesty about when it cannot be used:
 
 - Preconditions first (`backends.cudagraph_preconditions.check_preconditions`, pure and
-  CPU-testable): input mutation, data-dependent ops, RNG, dynamic shapes, devices.
+  CPU-testable): input mutation, data-dependent ops, RNG, dynamic shapes, training
+  graphs (grad mode on and inputs that require grad), devices.
   A failure is `Unsupported(reason)` before torch is asked at all.
 - Torch's own skips. Torch's backend never fails: it logs "skipping cudagraphs due to
   ..." (the `cudagraphs` log artifact of `torch._inductor.cudagraph_utils`; the issue's
@@ -46,6 +47,7 @@ from backends.errors import Unsupported
 from backends.registry import register_backend
 
 SKIP_PREFIX = "skipping cudagraphs due to "
+SKIPS, COPIED = "cudagraph_skips", "cudagraph_recorded_non_static_inputs"  # torch's counters
 PROBE_CALLS = 2  # torch's cudagraph tree: call 1 warms up, call 2 records, call 3 replays
 
 
@@ -64,6 +66,7 @@ class SkipWatch:
 
     skips: int = 0
     messages: list[str] = field(default_factory=list)
+    copied_inputs: int = 0  # inputs a recorded graph copies into its buffers on each replay
 
     def reason(self) -> str:
         """Torch's reason in one line, its prefix (logged twice by torch 2.13) stripped."""
@@ -99,7 +102,7 @@ def watch_cudagraph_skips() -> Iterator[SkipWatch]:
 
     watch = SkipWatch()
     handler = _Collect(watch.messages)
-    before = counters["inductor"]["cudagraph_skips"]
+    skips, copied = (counters["inductor"][k] for k in (SKIPS, COPIED))
     propagate = cudagraphs_log.propagate
     cudagraphs_log.addHandler(handler)
     cudagraphs_log.propagate = False
@@ -108,29 +111,31 @@ def watch_cudagraph_skips() -> Iterator[SkipWatch]:
     finally:
         cudagraphs_log.removeHandler(handler)
         cudagraphs_log.propagate = propagate
-        watch.skips = counters["inductor"]["cudagraph_skips"] - before
+        watch.skips = counters["inductor"][SKIPS] - skips
+        watch.copied_inputs = counters["inductor"][COPIED] - copied
 
 
 def compile_with_torch(
-    gm: fx.GraphModule, example_inputs: list[Any], probe_calls: int = PROBE_CALLS
-) -> tuple[Callable[..., Any], list[Any]]:
+    gm: fx.GraphModule, example_inputs: list[Any]
+) -> tuple[Callable[..., Any], Any, SkipWatch]:
     """Torch's cudagraphs backend, with its silent skips turned into `Unsupported`.
 
-    Returns the compiled function and the outputs of the last probe call.
+    Returns the compiled function, the outputs of the last probe call, and what torch's
+    counters said during the probe calls.
     """
     from torch._dynamo.backends.cudagraphs import cudagraphs as torch_cudagraphs
 
-    outputs: list[Any] = []
     with watch_cudagraph_skips() as watch:
         compiled = torch_cudagraphs(gm, example_inputs)
     if watch.skips:
         raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
     with watch_cudagraph_skips() as watch:
-        for _ in range(probe_calls):
-            outputs = compiled(*example_inputs)
+        for _ in range(PROBE_CALLS - 1):
+            compiled(*example_inputs)  # outputs dropped at once: the tree may then move on
+        outputs = compiled(*example_inputs)
     if watch.skips:
         raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
-    return compiled, outputs
+    return compiled, outputs, watch
 
 
 def input_storages(inputs: Any) -> set[int]:
@@ -138,12 +143,12 @@ def input_storages(inputs: Any) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
 
 
-def clone_outputs(compiled: Callable[..., Any], keep: list[bool]) -> Callable[..., Any]:
-    """Wrap `compiled` so that each tensor output (but the input aliases) is a fresh copy."""
+def clone_outputs(compiled: Callable[..., Any], clone_mask: list[bool]) -> Callable[..., Any]:
+    """Wrap `compiled` so that the flat outputs marked in `clone_mask` are fresh copies."""
 
     def run(*args: Any) -> Any:
         flat, spec = tree_flatten(compiled(*args))
-        flat = [x.clone() if clone else x for x, clone in zip(flat, keep, strict=True)]
+        flat = [x.clone() if clone else x for x, clone in zip(flat, clone_mask, strict=True)]
         return tree_unflatten(flat, spec)
 
     return run
@@ -154,7 +159,7 @@ def cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
     """Replay the graph as a CUDA graph (torch's cudagraph trees); outputs are cloned."""
     if reason := check_preconditions(gm, example_inputs):
         raise Unsupported(reason)
-    compiled, outputs = compile_with_torch(gm, example_inputs)
+    compiled, outputs, probe = compile_with_torch(gm, example_inputs)
     flat, _ = tree_flatten(outputs)
     aliases = input_storages(example_inputs)
     clone = [
@@ -166,5 +171,6 @@ def cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
         "cloned_outputs": sum(clone),
         "input_alias_outputs": len(clone) - sum(clone),
         "probe_calls": PROBE_CALLS,
+        "inputs_copied_per_replay": probe.copied_inputs,
     }
     return run

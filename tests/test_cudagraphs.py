@@ -102,9 +102,27 @@ def test_batchnorm_in_train_mode_mutates_its_buffers() -> None:
     assert "buffers" in reason
 
 
+def test_grad_mode_with_parameters_is_a_training_graph() -> None:
+    reason = reason_through_dynamo(nn.Linear(3, 3), torch.randn(4, 3))
+    assert reason == (
+        "training graph: output linear requires grad "
+        "(compile and run under torch.no_grad() or torch.inference_mode())"
+    )
+
+
+def test_hand_built_graph_with_trainable_input_in_grad_mode_is_training() -> None:
+    gm = hand_graph(lambda g, x: g.call_method("relu", (x,)))
+    x = torch.empty(3, device="meta", requires_grad=True)
+    reason = check_preconditions(gm, [x])
+    assert reason is not None and reason.startswith("training graph: input x requires grad")
+    with torch.no_grad():
+        assert check_preconditions(gm, [x]) == "no CUDA tensor in the graph"
+
+
 def test_dropout_module_in_eval_mode_is_not_random() -> None:
     model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)).eval()
-    reason = reason_through_dynamo(model, torch.randn(4, 3))
+    with torch.no_grad():
+        reason = reason_through_dynamo(model, torch.randn(4, 3))
     assert reason is not None and reason.startswith("CPU tensor in the graph: input ")
 
 
@@ -112,7 +130,8 @@ def test_dropout_module_in_eval_mode_is_not_random() -> None:
 def test_real_models_only_fail_on_their_device(name: str) -> None:
     """No false positives: the test models' graphs are refused only for being on CPU."""
     model, args = build(name)
-    graphs = dynamo_graphs(model, *args)
+    with torch.no_grad():
+        graphs = dynamo_graphs(model, *args)
     assert graphs
     for gm, example_inputs in graphs:
         reason = check_preconditions(gm, example_inputs)
@@ -176,6 +195,7 @@ def test_hand_built_graph_reasons(case: str) -> None:
     assert check_preconditions(hand_graph(body), [x]) == expected
 
 
+@torch.no_grad()
 def test_backend_refuses_a_cpu_graph_before_asking_torch() -> None:
     ((gm, example_inputs),) = dynamo_graphs(nn.Linear(4, 4), torch.randn(2, 4))
     code = gm.code
@@ -223,7 +243,7 @@ def test_clone_outputs_survive_a_reused_output_buffer() -> None:
         buffer.copy_(x * 2)
         return buffer, weight
 
-    run = clone_outputs(reuses_buffer, keep=[True, False])
+    run = clone_outputs(reuses_buffer, clone_mask=[True, False])
     first, first_weight = run(torch.ones(3))
     second, _ = run(torch.full((3,), 5.0))
     assert torch.equal(first, torch.full((3,), 2.0))
