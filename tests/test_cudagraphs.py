@@ -20,6 +20,7 @@ from backends.cudagraphs import (
     cudagraphs_available,
     watch_cudagraph_skips,
 )
+from tests.helpers import compile_and_check
 from tests.models import MODELS, build, launch_bound
 
 Captured = tuple[fx.GraphModule, list[Any]]
@@ -251,6 +252,22 @@ def test_clone_outputs_survive_a_reused_output_buffer() -> None:
     assert first_weight is weight  # an input alias is handed back as it is
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.parametrize("name", MODELS)
+def test_chain_records_unavailable_and_falls_to_eager(name: str) -> None:
+    from chain import Status, chain
+
+    model, args = build(name)
+    backend = chain("cudagraphs", "eager")
+    compile_and_check(model, args, backend)
+    assert backend.report.graphs
+    for graph in backend.report.graphs:
+        first, second = graph.attempts
+        assert (first.backend, first.status) == ("cudagraphs", Status.UNAVAILABLE)
+        assert first.reason == cudagraphs_available()
+        assert (second.backend, second.status, graph.winner) == ("eager", Status.WON, "eager")
+
+
 # ---- CUDA: real CUDA graphs (skipped on machines without a CUDA device) ----
 
 
@@ -265,36 +282,49 @@ def test_launch_bound_model_matches_eager_on_cuda() -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(
-    ("fn", "expected"),
-    [
-        (lambda x: x.add_(1), "input mutation: add_ writes input l_x_ in place"),
-        (lambda x: x + torch.ones(64).cpu().to(x.device), "CPU tensor in the graph"),
-    ],
-)
-def test_cuda_graphs_refused_with_reason(fn: Callable[..., Any], expected: str) -> None:
-    ((gm, example_inputs),) = dynamo_graphs(fn, torch.randn(1, 64, device="cuda"))
-    with pytest.raises(Unsupported, match=expected):
-        cudagraphs(gm, example_inputs)
+def test_launch_bound_model_wins_in_the_chain() -> None:
+    from chain import Status, chain
+
+    model, args = launch_bound("cuda")
+    backend = chain("cudagraphs", "eager")
+    compile_and_check(model, args, backend, calls=3)
+    [graph] = backend.report.graphs
+    first = graph.attempts[0]
+    assert (first.backend, first.status, graph.winner) == ("cudagraphs", Status.WON, "cudagraphs")
+    assert first.details["cloned_outputs"] == 1
+
+
+class AddsInPlace(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(1).relu()
+
+
+class UsesCPUTensor(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.arange(64).float().mean().to(x.device)
 
 
 @pytest.mark.cuda
-def test_outputs_held_across_calls_are_not_overwritten() -> None:
-    model, _ = launch_bound("cuda")
-    a, b = torch.randn(1, 64, device="cuda"), torch.randn(1, 64, device="cuda")
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (AddsInPlace(), "input mutation: add_ writes input l_x_ in place"),
+        (UsesCPUTensor(), "CPU tensor in the graph: "),
+    ],
+)
+def test_cuda_graph_refused_with_reason_falls_to_next(model: nn.Module, expected: str) -> None:
+    from chain import Status, chain
+
+    x = torch.randn(1, 64, device="cuda")
+    backend = chain("cudagraphs", "eager")
     with torch.no_grad():
-        compiled = torch.compile(model, backend=cudagraphs)
-        compiled(a)
-        held = compiled(a)
-        kept = held.clone()
-        other = compiled(b)
-        torch.testing.assert_close(held, kept)
-        torch.testing.assert_close(other, model(b))
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
-def test_benchmark_says_why_it_cannot_measure(capsys: pytest.CaptureFixture[str]) -> None:
-    from benchmarks.launch_bound import main
-
-    assert main([]) == 1
-    assert f"nothing to measure: {cudagraphs_available()}" in capsys.readouterr().err
+        reference = model(x.clone())
+        torch.testing.assert_close(torch.compile(model, backend=backend)(x.clone()), reference)
+    [graph] = backend.report.graphs
+    first = graph.attempts[0]
+    assert (first.backend, first.status, graph.winner) == (
+        "cudagraphs",
+        Status.UNSUPPORTED,
+        "eager",
+    )
+    assert first.reason.startswith(expected), first.reason
