@@ -328,3 +328,24 @@ def test_cuda_graph_refused_with_reason_falls_to_next(model: nn.Module, expected
         "eager",
     )
     assert first.reason.startswith(expected), first.reason
+
+
+@pytest.mark.cuda
+def test_outputs_held_across_calls_are_not_overwritten() -> None:
+    model, _ = launch_bound("cuda")
+    a, b = torch.randn(1, 64, device="cuda"), torch.randn(1, 64, device="cuda")
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=cudagraphs)
+        held = compiled(a)  # replays: the backend's probe already warmed up and recorded
+        other = compiled(b)
+        assert held.data_ptr() != other.data_ptr()
+        torch.testing.assert_close(held, model(a))
+        torch.testing.assert_close(other, model(b))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_benchmark_says_why_it_cannot_measure(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.launch_bound import main
+
+    assert main([]) == 1
+    assert f"nothing to measure: {cudagraphs_available()}" in capsys.readouterr().err
