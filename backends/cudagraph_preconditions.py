@@ -114,9 +114,8 @@ def aliased_input(arg: Any, input_storages: dict[int, fx.Node]) -> fx.Node | Non
     """The placeholder `arg` is a view of, through its fake storage or a chain of view ops."""
     if not isinstance(arg, fx.Node):
         return None
-    val = value(arg)
-    if isinstance(val, torch.Tensor) and id_of_storage(val) in input_storages:
-        return input_storages[id_of_storage(val)]
+    if isinstance(val := value(arg), torch.Tensor):  # recorded values: storage decides
+        return input_storages.get(id_of_storage(val))
     if arg.op == "placeholder":
         return arg
     if arg.op in ("call_method", "call_function") and op_name(arg) in VIEW_OPS and arg.args:

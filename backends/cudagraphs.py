@@ -8,8 +8,8 @@ loop of our own. What this module adds is honesty about when it cannot be used:
   graphs (grad mode on and inputs that require grad), devices.
   A failure is `Unsupported(reason)` before torch is asked at all.
 - Torch's own skips. Torch's backend never fails: it logs "skipping cudagraphs due to
-  ..." (the `cudagraphs` log artifact of `torch._inductor.cudagraph_utils`; the issue's
-  "perf_hints" is where older torch logged it), bumps
+  ..." (torch 2.13 logs it on the `cudagraphs` artifact logger of
+  `torch._inductor.cudagraph_utils`, not on `perf_hints`), bumps
   `counters["inductor"]["cudagraph_skips"]` and hands back an eager runner. We watch the
   counter and capture the log record around both places where torch decides: the
   aot_autograd compile (its `check_for_skip` on the ATen graph runs eagerly, inside our

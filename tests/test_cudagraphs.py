@@ -73,6 +73,11 @@ DYNAMO_CASES = {
         {},
         "input mutation: relu writes input l_x_ in place",
     ),
+    "in-place add on a copy (reshape of a transpose)": (
+        lambda x: x.t().reshape(-1).add_(1),
+        {},
+        "CPU tensor in the graph: input l_x_ is on cpu",
+    ),
     "dynamic=True": (lambda x: x.sin() * x.shape[0], {"dynamic": True}, "dynamic shapes: input s"),
     "torch.rand": (lambda x: x + torch.rand(3), {}, "random op: rand"),
     "dropout in train mode": (
