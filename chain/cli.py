@@ -1,4 +1,4 @@
-"""`python -m chain report FILE` (and the `chain` console script): read a saved report."""
+"""`python -m chain report FILE | demo | bench` (also the `chain` console script)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _report(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         print(report.to_markdown(args.failures), end="")
     else:
-        Console(width=max(100, Console().width)).print(report.table(args.failures))
+        Console(width=max(120, Console().width)).print(report.table(args.failures))
     return 0
 
 
@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["demo"]:
+        from chain.demo import main as demo_main
+
+        return demo_main(argv[1:])
     parser = argparse.ArgumentParser(prog="chain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="print a saved report (JSON written by Report.save)")
@@ -58,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--format", choices=("table", "markdown", "json"), default="table")
     rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
     sub.add_parser("bench", help="run the benchmark (python benchmarks/run.py --help)")
+    sub.add_parser("demo", help="compile a small model through the default chain")
     args = parser.parse_args(argv)
     return _report(args)
 

@@ -7,16 +7,18 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from chain.records import FAILURES, GraphRecord, Status
 
 VERSION = 1
+_NUMERIC = frozenset({"compile s", "latency ms", "speedup", "max err"})
 
 
 class ReportError(ValueError):
@@ -105,16 +107,15 @@ class Report:
     # -- views --------------------------------------------------------------------------
 
     def rows(self, failures_only: bool = False) -> list[list[str]]:
-        """One row per attempt: graph, origin, backend, status, reason and the figures."""
+        """One row per attempt: graph, backend, status, the figures and the reason."""
         out = []
         for g in self.graphs:
-            for i, a in enumerate(g.attempts):
+            for a in g.attempts:
                 if failures_only and a.status not in FAILURES:
                     continue
                 out.append(
                     [
-                        str(g.id) if i == 0 or failures_only else "",
-                        g.origin if i == 0 or failures_only else "",
+                        str(g.id),
                         a.backend,
                         a.status.value,
                         _fmt(a.compile_s, ".2f"),
@@ -128,7 +129,6 @@ class Report:
 
     HEADERS = (
         "graph",
-        "origin",
         "backend",
         "status",
         "compile s",
@@ -137,6 +137,21 @@ class Report:
         "max err",
         "reason",
     )
+    GRAPH_HEADERS = ("graph", "origin", "nodes", "eager ms", "winner", "notes")
+
+    def graph_rows(self) -> list[list[str]]:
+        """One row per graph: where it came from, its size, eager's latency and the winner."""
+        return [
+            [
+                str(g.id),
+                g.origin,
+                str(g.num_nodes),
+                _fmt(g.eager_ms, ".3f"),
+                g.winner or "-",
+                "; ".join(g.notes),
+            ]
+            for g in self.graphs
+        ]
 
     def summary_line(self) -> str:
         s = self.summary()
@@ -149,43 +164,58 @@ class Report:
             )
         return line
 
-    def table(self, failures_only: bool = False) -> Table:
-        """A rich table of the attempts (all, or only the failures)."""
-        table = Table(title="backend-chain report", caption=self.summary_line())
+    def table(self, failures_only: bool = False) -> Group:
+        """Rich tables: the graphs, then their attempts (all, or only the failures)."""
+        graphs = Table(title="backend-chain report: graphs", title_justify="left")
+        for h in self.GRAPH_HEADERS:
+            graphs.add_column(h, overflow="fold", no_wrap=h in ("graph", "nodes", "eager ms"))
+        for row in self.graph_rows():
+            graphs.add_row(*row)
+        attempts = Table(
+            title="attempts",
+            title_justify="left",
+            caption=self.summary_line(),
+            caption_justify="left",
+        )
         for h in self.HEADERS:
-            table.add_column(
+            attempts.add_column(
                 h,
                 overflow="fold",
-                justify="right"
-                if "ms" in h or h in ("compile s", "speedup", "max err")
-                else "left",
+                no_wrap=h != "reason",
+                ratio=1 if h == "reason" else None,
+                justify="right" if h in _NUMERIC else "left",
             )
         styles = {
             Status.WON.value: "bold green",
             Status.SLOWER.value: "yellow",
             Status.NOT_TRIED.value: "dim",
+            Status.UNAVAILABLE.value: "dim",
         }
         for row in self.rows(failures_only):
-            table.add_row(*row, style=styles.get(row[3], "red" if row[3] != "unavailable" else ""))
-        return table
+            attempts.add_row(*row, style=styles.get(row[2], "red"))
+        return Group(graphs, attempts)
 
-    def render(self, failures_only: bool = False, width: int = 140) -> str:
+    def render(self, failures_only: bool = False, width: int = 120) -> str:
+        """The tables as plain text (what `str(report)` prints)."""
         console = Console(file=io.StringIO(), width=width, force_terminal=False)
         console.print(self.table(failures_only))
         return console.file.getvalue()  # type: ignore[attr-defined]
 
     def to_markdown(self, failures_only: bool = False) -> str:
-        """A GitHub-flavoured markdown table with the summary line under it."""
+        """GitHub-flavoured markdown: the graphs table, the attempts table, the summary."""
 
-        def cell(text: str) -> str:
-            return text.replace("|", "\\|").replace("\n", " ")
+        def table(headers: Sequence[str], rows: list[list[str]]) -> list[str]:
+            cells = [[c.replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+            return [
+                "| " + " | ".join(headers) + " |",
+                "|" + "|".join("---" for _ in headers) + "|",
+                *("| " + " | ".join(r) + " |" for r in cells),
+            ]
 
         lines = [
-            "| " + " | ".join(self.HEADERS) + " |",
-            "|" + "|".join("---" for _ in self.HEADERS) + "|",
-        ]
-        lines += [
-            "| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows(failures_only)
+            *table(self.GRAPH_HEADERS, self.graph_rows()),
+            "",
+            *table(self.HEADERS, self.rows(failures_only)),
         ]
         return "\n".join(lines) + f"\n\n{self.summary_line()}\n"
 
