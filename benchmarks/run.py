@@ -151,7 +151,10 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
     load = os.getloadavg()[0]
     if load > 0.5 * (os.cpu_count() or 1):
         busy = f"note: this machine is busy (load {load:.1f} on {os.cpu_count()} cores): "
-        console.print(busy + "expect noisy figures; the spread column says how much", markup=False)
+        hint = (
+            "" if args.threads == 1 else "; --threads 1 steadies CPU figures when cores are shared"
+        )
+        console.print(busy + "expect noisy figures (see the spread column)" + hint, markup=False)
     settings = Settings(repeats=args.repeats, warmup=args.warmup)
     candidates = build_candidates(args.backends, args.chains, args.modes)
     rows: list[Result] = []
