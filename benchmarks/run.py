@@ -203,7 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = max(console.width, 200)  # a log file, not a window: keep rows whole
-    meta, rows = run(args, console)
+    threads = torch.get_num_threads()
+    try:
+        meta, rows = run(args, console)
+    finally:
+        torch.set_num_threads(threads)  # `chain bench` may run inside a longer process
     console.print(to_table(rows, f"{meta['device']} {meta['dtype']}, {meta['machine']}"))
     paths, skipped = write_all(args.out, meta, rows)
     if skipped:
