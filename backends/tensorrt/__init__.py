@@ -1,0 +1,1 @@
+"""TensorRT backend: ATen graph, lowering passes, partitioning, ONNX -> engine, runtime."""
