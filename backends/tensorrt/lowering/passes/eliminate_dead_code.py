@@ -18,7 +18,10 @@ def eliminate_dead_code(gm: fx.GraphModule, sample_inputs: Sequence[Any]) -> fx.
     used = {n.target for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
     dropped = [
         name
-        for name in [*dict(gm.named_buffers(recurse=False)), *dict(gm.named_parameters(recurse=False))]
+        for name in [
+            *dict(gm.named_buffers(recurse=False)),
+            *dict(gm.named_parameters(recurse=False)),
+        ]
         if name not in used and name.startswith("_frozen")
     ]
     for name in dropped:
