@@ -145,3 +145,21 @@ def test_parser_rejection_keeps_the_block_in_pytorch_with_reasons() -> None:
     assert result.fallback["aten.conv2d.default"] == {reason: 2}
     assert sum(sum(r.values()) for r in result.fallback.values()) == result.ops_total == 9
     torch.testing.assert_close(the_plan.gm(*inputs)[0], expected)  # the block runs in PyTorch
+
+
+def test_compiled_graph_refuses_weights_changed_after_freezing() -> None:
+    from backends.tensorrt.partitioning import PartitionOptions
+    from backends.tensorrt.pipeline import plan
+    from backends.tensorrt.runtime.compiled import CompiledGraph
+
+    gm, inputs, expected = dynamo_graph("mlp")
+    the_plan = plan(gm, inputs, PartitionOptions())
+    compiled = CompiledGraph(the_plan.gm, the_plan.frozen_inputs, inputs, {"engines": 1})
+    assert compiled.chain_details == {"engines": 1}
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs)[0], expected)
+        weight = inputs[the_plan.frozen_inputs[0]]
+        weight.add_(1.0)
+        with pytest.raises(RuntimeError, match=r"weight input 0 changed after TensorRT froze it"):
+            compiled(*inputs)
+        weight.sub_(1.0)
