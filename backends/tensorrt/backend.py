@@ -73,8 +73,12 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
             f"TensorRT rejected every block: {rejected[0]['reason']}",
             detail="\n".join(str(r["detail"]) for r in rejected),
         )
+    summary = f"{result.ops_tensorrt}/{result.ops_total} ops to TensorRT in {len(builds)} engine(s)"
+    if result.fallback:
+        summary += f"; left to PyTorch: {summarize(result.fallback)}"
     details = {
         **result.details(),
+        "summary": summary,
         "engines": len(builds),
         "builds": builds,
         "cache_hits": sum(1 for b in builds if b["cache_hit"]),
