@@ -129,6 +129,13 @@ def _drop(result: Result, live: dict[str, Compiled], label: str, error: BaseExce
     live.pop(label, None)
 
 
+def warm_dynamo() -> None:
+    """Compile a trivial function once, so dynamo's first-use costs (imports, caches) are
+    not charged to whichever candidate happens to compile first."""
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+    torch._dynamo.reset()
+
+
 def compile_candidates(
     model_name: str,
     model: nn.Module,

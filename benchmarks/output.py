@@ -132,11 +132,13 @@ def chain_costs(rows: Sequence[Result]) -> list[str]:
             "latency, against the backend that won every graph, run alone.", ""]  # fmt: skip
     out += ["| model | chain | winner | compile s: chain / alone | latency: chain / alone |"]
     out += ["|---|---|---|---:|---:|"]
-    rejected: list[str] = []
+    rejected: dict[str, tuple[dict[str, None], dict[str, None]]] = {}  # line -> models, chains
     for row in rows:
         if row.kind != "chain" or not row.median_ms:
             continue
-        rejected += [f"- {row.model}, {row.candidate}: {line}" for line in row.lost]
+        for line in row.lost:
+            models, chains = rejected.setdefault(line, ({}, {}))
+            models[row.model] = chains[row.candidate] = None
         winners = set(row.winners)
         label = "dynamo-eager" if winners == {"eager"} else next(iter(winners), "")
         other = alone.get((row.model, label)) if len(winners) == 1 else None
@@ -146,7 +148,9 @@ def chain_costs(rows: Sequence[Result]) -> list[str]:
         out.append(f"| {row.model} | {row.candidate} | {label} | {ratio} | "
                    f"{row.median_ms / other.median_ms:.2f}x |")  # fmt: skip
     if rejected:
-        out += ["", "Why the other backends of each chain lost:", "", *rejected]
+        out += ["", "Why the other backends of the chains lost:", ""]
+        for line, (models, chains) in rejected.items():
+            out.append(f"- {line} (on {', '.join(models)}; in {', '.join(chains)})")
     return out
 
 

@@ -30,7 +30,7 @@ from benchmarks.candidates import (
     backend_names,
     build_candidates,
 )
-from benchmarks.harness import Result, Settings, bench_model
+from benchmarks.harness import Result, Settings, bench_model, warm_dynamo
 from benchmarks.models import QUICK_MODELS, SUITE, default_models
 from benchmarks.output import to_table, write_all
 
@@ -165,6 +165,7 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
         TimeElapsedColumn(),
     )
     per_model = len(candidates) + 1 + settings.repeats
+    warm_dynamo()
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("benchmark", total=per_model * len(args.models))
 
