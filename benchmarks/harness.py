@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from backends.errors import Unsupported
 from chain.verify import compare
@@ -90,20 +89,6 @@ def one_line(error: BaseException) -> tuple[str, str]:
     return "compile_error", f"{type(inner).__name__}: {text[0] if text else ''}"[:300]
 
 
-def max_abs_err(expected: Any, actual: Any) -> float:
-    """Largest absolute difference over all output tensors; inf if the structures differ."""
-    want = [t for t in tree_leaves(expected) if isinstance(t, torch.Tensor)]
-    got = [t for t in tree_leaves(actual) if isinstance(t, torch.Tensor)]
-    if len(want) != len(got) or any(a.shape != b.shape for a, b in zip(want, got, strict=True)):
-        return math.inf
-    diffs = [
-        (a.double() - b.double()).abs().max().item()
-        for a, b in zip(want, got, strict=True)
-        if a.numel()
-    ]
-    return max(diffs, default=0.0)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -164,8 +149,8 @@ def compile_candidates(
         except Exception as error:  # a failed candidate is a row with its reason, not a crash
             result.status, result.reason = one_line(error)
             continue
-        result.max_abs_err = max_abs_err(expected, out)
         verdict = compare(expected, out)
+        result.max_abs_err = verdict.max_abs_err
         if verdict.reason:  # still timed: a wrong answer's speed is worth knowing, not winning
             result.status, result.reason = "mismatch", verdict.reason
         result.graphs, result.winners = compiled.graphs(), compiled.winners()
