@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -227,3 +229,19 @@ def test_geomeans_count_matching_rows_only() -> None:
         Result("c", "x", "backend", "mismatch", speedup=10.0),  # a wrong answer is no gain
     ]
     assert geomeans(rows)["x"] == (pytest.approx(1.0), 2)
+
+
+def test_script_and_chain_bench_entry_points_reject_bad_input(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--models", "nope"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "invalid model: nope; valid: resnet" in done.stderr
+    from chain.cli import main as chain_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        chain_main(["bench", "--backends", "inductr"])
+    assert exit_info.value.code == 2
+    assert "invalid backend: inductr; valid:" in capsys.readouterr().err
