@@ -135,6 +135,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def busy_note(load: float, threads: int | None) -> str | None:
+    """A warning when other work shared the cores during the run (figures are then noisy)."""
+    cores = os.cpu_count() or 1
+    if load <= 0.5 * cores:
+        return None
+    hint = "" if threads == 1 else "; --threads 1 steadies CPU figures when cores are shared"
+    busy = f"note: this machine was busy (load {load:.1f} on {cores} cores): "
+    return busy + "expect noisy figures (see the spread column)" + hint
+
+
 def machine() -> str:
     """One line about where the figures come from."""
     cpu = platform.processor() or platform.machine()
@@ -149,12 +159,6 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
     if args.threads:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    if load > 0.5 * (os.cpu_count() or 1):
-        busy = f"note: this machine is busy (load {load:.1f} on {os.cpu_count()} cores): "
-        hint = (
-            "" if args.threads == 1 else "; --threads 1 steadies CPU figures when cores are shared"
-        )
-        console.print(busy + "expect noisy figures (see the spread column)" + hint, markup=False)
     settings = Settings(repeats=args.repeats, warmup=args.warmup)
     candidates = build_candidates(args.backends, args.chains, args.modes)
     rows: list[Result] = []
@@ -210,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         torch.set_num_threads(threads)  # `chain bench` may run inside a longer process
     console.print(to_table(rows, f"{meta['device']} {meta['dtype']}, {meta['machine']}"))
+    note = busy_note(max(meta["load_before"], meta["load_after"]), args.threads)
+    if note:
+        console.print(note, markup=False)
     paths, skipped = write_all(args.out, meta, rows)
     if skipped:
         console.print(f"note: {skipped}", markup=False)
