@@ -51,13 +51,9 @@ def to_csv(rows: Sequence[Result]) -> str:
 
 
 def to_json(meta: dict[str, Any], rows: Sequence[Result]) -> str:
-    """The run's settings and machine under `meta`, every row under `rows` (inf as null)."""
-
-    def clean(value: Any) -> Any:
-        return None if isinstance(value, float) and not math.isfinite(value) else value
-
-    data = [{k: clean(v) for k, v in r.to_dict().items()} for r in rows]
-    return json.dumps({"meta": meta, "rows": data}, indent=2)
+    """The run's settings and machine under `meta`, every row under `rows`."""
+    data = {"meta": meta, "rows": [r.to_dict() for r in rows]}
+    return json.dumps(data, indent=2, allow_nan=False)
 
 
 def geomeans(rows: Sequence[Result]) -> dict[str, tuple[float, int]]:
@@ -190,8 +186,8 @@ def write_png(path: Path, rows: Sequence[Result]) -> str | None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r.model for r in rows))
-    cands = list(dict.fromkeys(r.candidate for r in rows if r.speedup and r.kind != "eager"))
-    speed = {(r.model, r.candidate): r.speedup for r in rows if r.speedup}
+    speed = {(r.model, r.candidate): r.speedup for r in rows if r.speedup and r.status == "ok"}
+    cands = list(dict.fromkeys(c for _, c in speed if c != "eager"))
     width = 0.8 / max(len(cands), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(models)), 4.0))
     for i, cand in enumerate(cands):
