@@ -12,9 +12,10 @@ import contextlib
 import io
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import fx
@@ -23,6 +24,7 @@ from backends.errors import Unsupported
 from backends.onnxruntime.prepare import (
     PreparedGraph,
     freeze_positions,
+    module_scalars,
     prepare_graph,
     symbolic_dims,
 )
@@ -30,6 +32,7 @@ from backends.onnxruntime.prepare import (
 if TYPE_CHECKING:
     import onnx
 
+T = TypeVar("T")
 _NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "onnxscript", "onnx_ir")
 
 
@@ -39,7 +42,8 @@ class OnnxGraph:
 
     `input_positions[k]` is the position (among the graph module's example inputs) of the
     tensor feeding ONNX input `input_names[k]`; `frozen` inputs are ONNX initializers;
-    `derived` SymInt inputs are read from tensor shapes inside the model.
+    `derived` SymInt inputs are read from tensor shapes inside the model; `scalars` are
+    module floats dynamo passed as 0-d tensors, inlined as numbers.
     """
 
     model: bytes
@@ -48,6 +52,7 @@ class OnnxGraph:
     input_positions: tuple[int, ...]
     frozen: tuple[int, ...]
     derived: tuple[int, ...]
+    scalars: Mapping[int, float]
     dynamic_dims: Mapping[int, tuple[int, ...]]
     opset: int
     num_initializers: int
@@ -82,11 +87,12 @@ def one_line(error: BaseException) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
-def _fake_mode_off() -> contextlib.AbstractContextManager[object]:
-    """Leave any fake-tensor mode dynamo left active: the exporter needs real tensors."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    return unset_fake_temporarily()
+def _in_clean_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call `fn` on a fresh thread: none of dynamo's thread-local state (tracing context,
+    fake mode, shape env, eval-frame hook) leaks into a nested torch.export, and the
+    nested export leaves no guards behind in the frame dynamo is compiling."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnx-export") as pool:
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 def export_onnx(
@@ -103,36 +109,38 @@ def export_onnx(
     module parameters/buffers). `dynamic_dims`: position -> dims exported as symbolic
     (default: the dims dynamo marked dynamic). Raises Unsupported with the exporter's reason.
     """
-    frozen = freeze_positions(gm, example_inputs) if freeze is None else tuple(freeze)
-    prepared = prepare_graph(gm, example_inputs, frozen)
+    if freeze is None:
+        frozen, scalars = freeze_positions(gm, example_inputs), module_scalars(gm, example_inputs)
+    else:
+        frozen, scalars = tuple(freeze), {}
+    prepared = prepare_graph(gm, example_inputs, frozen, scalars)
     dims = symbolic_dims(gm, example_inputs) if dynamic_dims is None else dynamic_dims
     dims = {i: tuple(d) for i, d in dims.items() if i in prepared.kept and d}
-    with _fake_mode_off():
-        args = tuple(_real(example_inputs[i]) for i in prepared.kept)
-        dynamic_shapes = None
-        if dims:
-            dynamic_shapes = tuple(
-                {d: torch.export.Dim.DYNAMIC for d in dims.get(i, ())} or None
-                for i in prepared.kept
+    args = tuple(_real(example_inputs[i]) for i in prepared.kept)
+    dynamic_shapes = None
+    if dims:
+        dynamic_shapes = tuple(
+            {d: torch.export.Dim.DYNAMIC for d in dims.get(i, ())} or None for i in prepared.kept
+        )
+    with quiet() as said:
+        try:
+            program = _in_clean_thread(
+                torch.onnx.export,
+                prepared.module.eval(),
+                args,
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,
+                opset_version=opset,
+                external_data=False,
+                optimize=True,
+                verbose=False,
+                report=False,
             )
-        with quiet() as said:
-            try:
-                program = torch.onnx.export(
-                    prepared.module,
-                    args,
-                    dynamo=True,
-                    dynamic_shapes=dynamic_shapes,
-                    opset_version=opset,
-                    external_data=False,
-                    optimize=True,
-                    verbose=False,
-                    report=False,
-                )
-            except torch.onnx.OnnxExporterError as error:
-                reason = one_line(error.__cause__ or error)
-                if dims:
-                    reason = f"dynamic shapes {dict(dims)}: {reason}"
-                raise Unsupported(reason, detail=f"{error}\n{said.getvalue()}") from error
+        except torch.onnx.OnnxExporterError as error:
+            reason = one_line(error)
+            if dims:
+                reason = f"dynamic shapes {dict(dims)}: {reason}"
+            raise Unsupported(reason, detail=f"{error}\n{said.getvalue()}") from error
     if program is None:
         raise Unsupported("torch.onnx.export returned no program")
     return _describe(program.model_proto, prepared, dims)
@@ -171,6 +179,7 @@ def _describe(
         input_positions=kept,
         frozen=prepared.frozen,
         derived=prepared.derived,
+        scalars=dict(prepared.scalars),
         dynamic_dims=dict(dims),
         opset=int(opset),
         num_initializers=len(graph.initializer),

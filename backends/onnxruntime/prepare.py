@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,24 +51,40 @@ def freeze_positions(gm: fx.GraphModule, example_inputs: Sequence[object]) -> tu
     )
 
 
+def _is_symbolic(size: object) -> bool:
+    return (
+        isinstance(size, torch.SymInt)
+        and not size.node.is_constant()
+        and bool(size.node.expr.free_symbols)
+    )
+
+
 def symbolic_dims(
     gm: fx.GraphModule, example_inputs: Sequence[object]
 ) -> dict[int, tuple[int, ...]]:
     """Input position -> the dims dynamo marked dynamic (symbolic in the placeholder's meta)."""
     dims: dict[int, tuple[int, ...]] = {}
     for i, node in enumerate(_placeholders(gm)):
-        value = node.meta.get("example_value")
+        value = node.meta.get("example_value", example_inputs[i])
         if isinstance(value, torch.Tensor):
-            sym = tuple(d for d, s in enumerate(value.shape) if isinstance(s, torch.SymInt))
-            if sym:
-                dims[i] = sym
-        elif isinstance(example_inputs[i], torch.Tensor):
-            sym = tuple(
-                d for d, s in enumerate(example_inputs[i].shape) if isinstance(s, torch.SymInt)
-            )
+            sym = tuple(d for d, s in enumerate(value.shape) if _is_symbolic(s))
             if sym:
                 dims[i] = sym
     return dims
+
+
+def module_scalars(gm: fx.GraphModule, example_inputs: Sequence[object]) -> dict[int, float]:
+    """Module float attributes dynamo passes as 0-d tensors (dynamic=True: BatchNorm eps)."""
+    found: dict[int, float] = {}
+    for i, (node, value) in enumerate(zip(_placeholders(gm), example_inputs, strict=True)):
+        grapharg = node.meta.get("grapharg")
+        if not getattr(grapharg, "pass_arg_as_tensor", False):
+            continue
+        name = getattr(grapharg.source, "name", "")
+        name = str(name() if callable(name) else name)
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and "L['self']" in name:
+            found[i] = value.item()
+    return found
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,7 @@ class PreparedGraph:
     kept: tuple[int, ...]  # positions of the original inputs still fed at run time
     frozen: tuple[int, ...]  # positions turned into constants (ONNX initializers)
     derived: tuple[int, ...]  # SymInt positions now read from a tensor's shape
+    scalars: Mapping[int, float]  # module floats (0-d tensor inputs) inlined as numbers
     decomposed: tuple[str, ...]  # fused fast-path ops spelled out in plain ops
 
 
@@ -97,29 +114,49 @@ def _size_source(
     return None
 
 
+def _inline_scalar(graph: fx.Graph, node: fx.Node, value: float) -> None:
+    """Replace `node.item()` calls by the Python number itself (exporters want constants)."""
+    for user in list(node.users):
+        if user.op == "call_method" and user.target == "item":
+            user.replace_all_uses_with(value)  # type: ignore[arg-type]
+            graph.erase_node(user)
+
+
 def prepare_graph(
-    gm: fx.GraphModule, example_inputs: Sequence[object], frozen: Sequence[int]
+    gm: fx.GraphModule,
+    example_inputs: Sequence[object],
+    frozen: Sequence[int],
+    scalars: Mapping[int, float] | None = None,
 ) -> PreparedGraph:
-    """Copy `gm` with `frozen` inputs as constants and SymInt inputs read from shapes."""
+    """Copy `gm` with `frozen` inputs as constants and SymInt inputs read from shapes.
+
+    `scalars`: positions of module floats passed as 0-d tensors; their `.item()` calls
+    become the number itself, and they are frozen like weights.
+    """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     out = graph.graph_copy(gm.graph, env, return_output_node=True)
     graph.output(out[0] if isinstance(out, tuple) else out)
     module = fx.GraphModule(gm, graph)
     nodes = [env[n] for n in _placeholders(gm)]
-    frozen_set = set(frozen)
+    scalars = dict(scalars or {})
+    frozen_set = set(frozen) | set(scalars)
     for i, value in enumerate(example_inputs):
         if not isinstance(value, torch.Tensor | torch.SymInt | int):
             raise Unsupported(f"graph input {i} is a {type(value).__name__}, not a tensor")
     symints = {i for i, v in enumerate(example_inputs) if isinstance(v, torch.SymInt | int)}
     kept = tuple(i for i in range(len(nodes)) if i not in frozen_set and i not in symints)
     first_op = next(n for n in graph.nodes if n.op != "placeholder")
+    for i, number in scalars.items():
+        _inline_scalar(graph, nodes[i], number)
     for i in sorted(frozen_set):
+        if not nodes[i].users:
+            continue
         name = f"_frozen_{i}"
         module.register_buffer(name, example_inputs[i].detach(), persistent=True)  # type: ignore[union-attr]
         with graph.inserting_before(first_op):
             attr = graph.get_attr(name)
-        attr.meta = dict(nodes[i].meta)
+        attr.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
         nodes[i].replace_all_uses_with(attr)
     for i in sorted(symints):
         value = nodes[i].meta.get("example_value", example_inputs[i])
@@ -132,16 +169,15 @@ def prepare_graph(
             raise Unsupported(f"dynamic int input {value} is not the size of any tensor input")
         with graph.inserting_before(first_op):
             size = graph.call_function(torch.ops.aten.sym_size.int, found)
-        size.meta = dict(nodes[i].meta)
+        size.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
         nodes[i].replace_all_uses_with(size)
     for i in sorted(frozen_set | symints):
         graph.erase_node(nodes[i])
     decomposed = _decompose_fast_paths(graph)
     graph.lint()
     module.recompile()
-    return PreparedGraph(
-        module, kept, tuple(sorted(frozen_set)), tuple(sorted(symints)), decomposed
-    )
+    frozen_tensors = tuple(sorted(frozen_set - set(scalars)))
+    return PreparedGraph(module, kept, frozen_tensors, tuple(sorted(symints)), scalars, decomposed)
 
 
 def _attention(

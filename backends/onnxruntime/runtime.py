@@ -95,6 +95,7 @@ class OrtRunner:
         graph = compiled.graph
         self._feeds = tuple(zip(graph.input_names, graph.input_positions, strict=True))
         self._names = list(graph.output_names)
+        self._scalars = tuple(graph.scalars.items())
         if self._device.type == "cuda":
             self._binding = compiled.session.io_binding()
 
@@ -115,6 +116,10 @@ class OrtRunner:
         for i, tensor, version, ptr in self._compiled.frozen:
             arg = args[i]
             if arg is not tensor or arg._version != version or arg.data_ptr() != ptr:
+                self._weights_changed(i, args)
+                break
+        for i, number in self._scalars:
+            if args[i].item() != number:
                 self._weights_changed(i, args)
                 break
         if self._device.type == "cuda":
