@@ -52,10 +52,16 @@ def _output_nodes(gm: fx.GraphModule) -> tuple[list[object], bool]:
 
 
 def _output_specs(outputs: Sequence[object]) -> list[OutputSpec]:
-    """Shape/dtype of each output from dynamo's example values; raise on non-tensors."""
+    """Shape/dtype of each output from the graph's example values; raise on non-tensors."""
     specs = []
     for k, node in enumerate(outputs):
-        value = node.meta.get("example_value") if isinstance(node, fx.Node) else node
+        if isinstance(node, fx.Node):
+            value = node.meta.get("example_value", node.meta.get("val"))
+            if value is None:  # a graph traced without values: ORT allocates the output
+                specs.append(OutputSpec(None, None))
+                continue
+        else:
+            value = node
         if not isinstance(value, torch.Tensor):
             raise Unsupported(f"graph output {k} is a {type(value).__name__}, not a tensor")
         static = all(isinstance(s, int) for s in value.shape)
@@ -102,12 +108,12 @@ def onnxruntime_backend(
     on_weight_change: str = "reexport",
 ) -> OrtRunner:
     """Export the graph to ONNX once and run it with ONNX Runtime."""
+    options = session_options(graph_optimization_level, intra_op_num_threads)
     check_inference(example_inputs)
     device = _device_of(example_inputs)
     outputs, single = _output_nodes(gm)
     specs = _output_specs(outputs)
     chosen = list(providers) if providers is not None else default_providers(device)
-    options = session_options(graph_optimization_level, intra_op_num_threads)
 
     def build(inputs: Sequence[object]) -> Compiled:
         graph = export_onnx(gm, inputs)

@@ -82,6 +82,7 @@ def one_line(error: BaseException) -> str:
     line = match.group(1) if match else next((s for s in text.splitlines() if s.strip()), "")
     line = re.sub(r"\x1b\[[0-9;]*m", "", line)
     line = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", line).strip()
+    line = re.sub(r"<OpOverload\(op='([\w.]+)', overload='(\w+)'\)>", r"\1.\2", line)
     kind = type(error).__name__
     line = f"{kind}: {line}" if not line.startswith(kind) else line
     return line if len(line) <= 240 else line[:237] + "..."

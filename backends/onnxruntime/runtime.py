@@ -36,7 +36,7 @@ class OutputSpec:
     """What torch allocates for a bound output on CUDA: None shape when not static."""
 
     shape: tuple[int, ...] | None
-    dtype: torch.dtype
+    dtype: torch.dtype | None
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class OrtRunner:
             )
         allocated: list[torch.Tensor | None] = []
         for name, spec in zip(self._names, self._outputs, strict=True):
-            if spec.shape is None:
+            if spec.shape is None or spec.dtype is None:
                 binding.bind_output(name, "cuda", index)
                 allocated.append(None)
                 continue
