@@ -1,0 +1,53 @@
+"""Whether the tensorrt backend can run here, and whether it can take a given graph."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from backends.errors import Unsupported
+
+NOT_INSTALLED = "tensorrt is not installed: pip install 'backend-chain[gpu]'"
+NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
+
+
+def available() -> str | None:
+    """None when TensorRT imports and a CUDA device is present, else the precise reason."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return NOT_INSTALLED
+    try:
+        import tensorrt  # noqa: F401
+    except (ImportError, OSError) as e:
+        return f"tensorrt is installed but does not import: {e}"
+    if not torch.cuda.is_available():
+        return NO_CUDA
+    return None
+
+
+def check_inference_graph(example_inputs: Sequence[Any]) -> None:
+    """Raise Unsupported for a training graph: TensorRT engines have no backward."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [
+        i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.requires_grad
+    ]
+    if needing:
+        raise Unsupported(
+            f"training graph: {len(needing)} input(s) require grad (first at position "
+            f"{needing[0]}); TensorRT builds inference engines, run under torch.no_grad() "
+            "or torch.inference_mode()"
+        )
+
+
+def check_devices(example_inputs: Sequence[Any]) -> None:
+    """Raise Unsupported unless every tensor input lives on a CUDA device (engines run there)."""
+    devices = sorted({str(x.device) for x in example_inputs if isinstance(x, torch.Tensor)})
+    off_gpu = [d for d in devices if not d.startswith("cuda")]
+    if off_gpu:
+        raise Unsupported(
+            f"inputs on {', '.join(off_gpu)}: TensorRT engines run on CUDA tensors "
+            "(move the model and inputs to the GPU)"
+        )

@@ -1,0 +1,44 @@
+"""backend-chain: a torch.compile backend that tries compilers per graph and reports why.
+
+backend = chain("tensorrt", "cudagraphs", "onnxruntime", "eager")
+fast = torch.compile(model, backend=backend)
+fast(x)
+print(backend.report)
+"""
+
+from __future__ import annotations
+
+import backends as _backends  # noqa: F401  (registers the built-in backends)
+from chain.attempt import CompileTimeout, Mismatch
+from chain.core import AllCandidatesFailed, Chain
+from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
+from chain.records import Attempt, GraphRecord, Status
+from chain.report import Report, ReportError
+
+
+def chain(*backends: object, **kwargs: object) -> Chain:
+    """A chain of backends (names, callables, other chains), tried per graph in order.
+
+    Keyword options: mode ("first" | "fastest"), verify, measure, strict, options
+    ({backend name: {option: value}}), report_path, min_speedup, compile_timeout_s,
+    max_retries, measure_budget_s, tolerances. See the README for each.
+    """
+    return Chain(*backends, **kwargs)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "DEFAULT_CHAIN",
+    "AllCandidatesFailed",
+    "Attempt",
+    "Chain",
+    "CompileTimeout",
+    "GraphRecord",
+    "Mismatch",
+    "Report",
+    "ReportError",
+    "Status",
+    "chain",
+    "chain_for",
+    "default_backends",
+    "last_chain",
+]

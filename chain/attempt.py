@@ -1,0 +1,200 @@
+"""Try one backend on one graph: compile (with retries and a timeout), run, verify."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from torch import fx
+
+from backends.errors import Transient, Unsupported
+from backends.registry import Backend
+from chain.records import Attempt, Status
+from chain.verify import compare
+
+
+class CompileTimeout(Exception):
+    """The backend did not return within the chain's compile timeout."""
+
+
+class Mismatch(Exception):
+    """Raised under strict=True when a candidate's outputs differ from eager's."""
+
+
+def one_line(exc: BaseException, limit: int = 240) -> str:
+    """`Type: first line of the message`, trimmed: what a report row can hold."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying as is: the backend said so, or the device ran out of memory."""
+    return isinstance(exc, Transient | torch.OutOfMemoryError)
+
+
+def _free_device_memory(_: Any) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Eager's outputs on the example inputs, and how to feed inputs to a candidate."""
+
+    outputs: Any
+    clone_inputs: bool
+    verify: bool
+    tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+
+    def inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
+        """Fresh clones of mutable inputs (not parameters) when the graph writes in place."""
+        if not self.clone_inputs:
+            return list(example_inputs)
+        return [
+            x.clone()
+            if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
+            else x
+            for x in example_inputs
+        ]
+
+
+def _compile(
+    backend: Backend,
+    gm: fx.GraphModule,
+    inputs: list[Any],
+    options: dict[str, Any],
+    timeout_s: float | None,
+) -> Callable[..., Any]:
+    if timeout_s is None:
+        return backend(gm, inputs, **options)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"compile-{backend.name}")
+    try:
+        return pool.submit(backend, gm, inputs, **options).result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise CompileTimeout(
+            f"no result after {timeout_s:g}s (compile_timeout_s); the compile thread is abandoned"
+        ) from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def failed_attempt(
+    backend: str, status: Status, exc: BaseException, reason_prefix: str = "", **kw: Any
+) -> Attempt:
+    """An attempt that failed with `exc`: one-line reason, type and traceback kept."""
+    reason = reason_prefix + (exc.reason if isinstance(exc, Unsupported) else one_line(exc))
+    details = kw.pop("details", {})
+    if isinstance(exc, Unsupported) and exc.detail:
+        details = {**details, "detail": exc.detail}
+    return Attempt(
+        backend=backend,
+        status=status,
+        reason=reason,
+        error_type=type(exc).__name__,
+        traceback="".join(traceback.format_exception(exc)),
+        details=details,
+        **kw,
+    )
+
+
+def try_backend(
+    backend: Backend,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    reference: Reference,
+    *,
+    options: dict[str, Any],
+    max_retries: int,
+    timeout_s: float | None,
+    strict: bool,
+) -> tuple[Attempt, Callable[..., Any] | None]:
+    """Compile, run and verify one candidate; a passing one comes back with status WON."""
+    name = backend.name
+    unavailable = backend.available()
+    if unavailable:
+        return Attempt(name, Status.UNAVAILABLE, unavailable), None
+
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(max_retries + 1),
+        wait=wait_exponential(multiplier=0.05, max=1.0),
+        before_sleep=_free_device_memory,
+        reraise=True,
+    )
+    start = time.perf_counter()
+    try:
+        fn = retrying(_compile, backend, gm, list(example_inputs), options, timeout_s)
+    except Unsupported as exc:
+        return failed_attempt(
+            name, Status.UNSUPPORTED, exc, compile_s=time.perf_counter() - start
+        ), None
+    except Exception as exc:
+        if strict:
+            raise
+        attempt = failed_attempt(
+            name,
+            Status.COMPILE_ERROR,
+            exc,
+            compile_s=time.perf_counter() - start,
+            retries=retrying.statistics.get("attempt_number", 1) - 1,
+        )
+        return attempt, None
+    compile_s = time.perf_counter() - start
+    retries = retrying.statistics.get("attempt_number", 1) - 1
+    details = dict(getattr(fn, "chain_details", None) or {})
+    if not callable(fn):
+        exc = TypeError(f"backend returned {type(fn).__name__}, not a callable")
+        if strict:
+            raise exc
+        return failed_attempt(name, Status.COMPILE_ERROR, exc, compile_s=compile_s), None
+
+    try:
+        with torch.no_grad():
+            outputs = fn(*reference.inputs(example_inputs))
+    except Exception as exc:
+        if strict:
+            raise
+        return failed_attempt(
+            name, Status.RUNTIME_ERROR, exc, compile_s=compile_s, retries=retries, details=details
+        ), None
+
+    if not reference.verify:
+        return Attempt(
+            name,
+            Status.WON,
+            "not verified: the graph has random ops",
+            compile_s=compile_s,
+            retries=retries,
+            details=details,
+        ), fn
+    verdict = compare(reference.outputs, outputs, reference.tolerances)
+    if verdict.reason is not None:
+        if strict:
+            raise Mismatch(f"{name}: {verdict.reason}")
+        return Attempt(
+            name,
+            Status.MISMATCH,
+            verdict.reason,
+            error_type="Mismatch",
+            compile_s=compile_s,
+            max_abs_err=verdict.max_abs_err,
+            retries=retries,
+            details=details,
+        ), None
+    return Attempt(
+        name,
+        Status.WON,
+        "",
+        compile_s=compile_s,
+        max_abs_err=verdict.max_abs_err,
+        retries=retries,
+        details=details,
+    ), fn

@@ -1,0 +1,71 @@
+"""`python -m chain report FILE | demo | bench` (also the `chain` console script)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from chain.report import Report, ReportError
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        report = Report.load(args.file)
+    except ReportError as e:
+        print(f"chain: error: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        data = report.to_dict()
+        if args.failures:
+            data = Report([g for g in report.graphs]).to_dict()
+            for g in data["graphs"]:
+                g["attempts"] = [
+                    a for a in g["attempts"] if a["status"] not in ("won", "not_tried", "slower")
+                ]
+        print(json.dumps(data, indent=2))
+    elif args.format == "markdown":
+        print(report.to_markdown(args.failures), end="")
+    else:
+        Console(width=max(120, Console().width)).print(report.table(args.failures))
+    return 0
+
+
+def _bench(argv: Sequence[str]) -> int:
+    try:
+        from benchmarks.run import main as bench_main
+    except ImportError as e:
+        print(
+            f"chain: error: the benchmark is not importable here ({e}); run it from a "
+            "checkout: python benchmarks/run.py",
+            file=sys.stderr,
+        )
+        return 2
+    return int(bench_main(list(argv)) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    if argv[:1] == ["demo"]:
+        from chain.demo import main as demo_main
+
+        return demo_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="chain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="print a saved report (JSON written by Report.save)")
+    rep.add_argument("file")
+    rep.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
+    sub.add_parser("bench", help="run the benchmark (python benchmarks/run.py --help)")
+    sub.add_parser("demo", help="compile a small model through the default chain")
+    args = parser.parse_args(argv)
+    return _report(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

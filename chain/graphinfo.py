@@ -1,0 +1,155 @@
+"""Facts about an FX graph for its record: fingerprint, origin, op histogram, input specs."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.node import _get_qualified_name
+
+# Ops whose outputs are random: graphs holding them cannot be compared with eager.
+_RANDOM_NAMES = frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randperm",
+        "bernoulli",
+        "bernoulli_",
+        "multinomial",
+        "normal",
+        "normal_",
+        "uniform_",
+        "dropout",
+        "dropout_",
+        "feature_dropout",
+        "alpha_dropout",
+        "native_dropout",
+        "exponential_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+        "random_",
+        "poisson",
+        "rrelu",
+    }
+)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def op_name(node: fx.Node) -> str:
+    """A stable, readable name for what a node calls (no memory addresses)."""
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+            return str(target)
+        try:
+            return _get_qualified_name(target)  # type: ignore[arg-type]
+        except (AttributeError, RuntimeError, TypeError):
+            return getattr(target, "__name__", repr(target))
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    if node.op == "call_module":
+        owner = node.graph.owning_module
+        module = owner.get_submodule(str(node.target)) if owner is not None else None
+        return type(module).__name__ if module is not None else str(node.target)
+    return node.op
+
+
+def op_histogram(gm: fx.GraphModule) -> dict[str, int]:
+    """How many times each op is called, most common first."""
+    ops = Counter(
+        op_name(n)
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method", "call_module")
+    )
+    return dict(ops.most_common())
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def random_ops(gm: fx.GraphModule) -> list[str]:
+    """Names of the random ops in the graph (their outputs differ from run to run)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method"):
+            name = op_name(node)
+            base = _short(name.replace(".default", "").replace(".Tensor", ""))
+            if base in _RANDOM_NAMES and not (
+                "dropout" in base and node.kwargs.get("training", node.args[-1:]) is False
+            ):
+                found.append(name)
+    return found
+
+
+def mutates_inputs(gm: fx.GraphModule) -> bool:
+    """Whether any op writes in place (so eager must run on cloned inputs)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and str(node.target).endswith("_"):
+            return True
+        if node.op == "call_function":
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+                return True
+            name = getattr(target, "__name__", "")
+            if (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "iadd"):
+                return True
+    return False
+
+
+def _spec(value: Any) -> dict[str, Any]:
+    if isinstance(value, torch.Tensor):
+        return {
+            "shape": [d if isinstance(d, int) else str(d) for d in value.shape],
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "device": str(value.device),
+            "parameter": isinstance(value, torch.nn.Parameter),
+        }
+    return {"type": type(value).__name__, "value": repr(value)[:40]}
+
+
+def input_specs(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    """Shape, dtype and device of each input (symbolic dims as text)."""
+    return [_spec(x) for x in example_inputs]
+
+
+def fingerprint(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """A structural hash: the same graph on the same input specs gives the same value."""
+    index = {node: i for i, node in enumerate(gm.graph.nodes)}
+
+    def arg(a: Any) -> Any:
+        return fx.node.map_arg(a, lambda n: f"%{index[n]}")
+
+    parts = [
+        f"{node.op}|{op_name(node) if node.op.startswith('call') else ''}|"
+        f"{arg(node.args)!r}|{arg(node.kwargs)!r}"
+        for node in gm.graph.nodes
+    ]
+    parts += [repr(_spec(x)) for x in example_inputs]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def origin(gm: fx.GraphModule) -> str:
+    """Where the graph came from: `function (file:line)`, plus why dynamo broke it there."""
+    where = ""
+    for node in gm.graph.nodes:
+        frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+        if frames:
+            file, line, func = frames[-1]
+            where = f"{func} ({file.rsplit('/', 1)[-1]}:{line})"
+            break
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is not None and getattr(reason, "graph_break", False):
+        first = str(reason.reason).strip().splitlines()[0] if reason.reason else "graph break"
+        where = f"{where}; ends at a graph break: {first}" if where else first
+    return where or "unknown"

@@ -1,0 +1,125 @@
+"""Outcomes as data: the status vocabulary, one attempt, one graph's record."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    """What happened to one backend on one graph; one vocabulary for report, CLI and tests."""
+
+    WON = "won"
+    UNAVAILABLE = "unavailable"  # cannot run on this machine (package, device)
+    UNSUPPORTED = "unsupported"  # the backend declined this graph, with a reason
+    COMPILE_ERROR = "compile_error"  # it raised (or timed out) while compiling
+    RUNTIME_ERROR = "runtime_error"  # it compiled, then raised when run
+    MISMATCH = "mismatch"  # its outputs differ from eager's
+    SLOWER = "slower"  # it passed but lost on speed
+    NOT_TRIED = "not_tried"  # a winner came earlier in the chain
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FAILURES = frozenset(
+    {
+        Status.UNAVAILABLE,
+        Status.UNSUPPORTED,
+        Status.COMPILE_ERROR,
+        Status.RUNTIME_ERROR,
+        Status.MISMATCH,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One backend tried on one graph: its status, why, and what it cost and gained."""
+
+    backend: str
+    status: Status
+    reason: str = ""
+    error_type: str | None = None
+    traceback: str | None = None
+    compile_s: float | None = None
+    latency_ms: float | None = None
+    speedup: float | None = None
+    max_abs_err: float | None = None
+    retries: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["status"] = self.status.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["status"] = Status(data["status"])
+        return cls(**kwargs)
+
+    def __str__(self) -> str:
+        text = f"{self.backend}: {self.status.value}"
+        if self.speedup is not None and self.status in (Status.WON, Status.SLOWER):
+            text += f" ({self.speedup:.2f}x)"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One graph dynamo handed over: where it came from, what is in it, who ran it."""
+
+    id: int
+    fingerprint: str
+    origin: str
+    num_nodes: int
+    ops: dict[str, int]
+    inputs: list[dict[str, Any]]
+    attempts: tuple[Attempt, ...]
+    winner: str | None
+    eager_ms: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def winning_attempt(self) -> Attempt | None:
+        """The attempt that won (the last one with that status, after any runtime fallback)."""
+        won = [a for a in self.attempts if a.status is Status.WON]
+        return won[-1] if won else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "fingerprint": self.fingerprint,
+            "origin": self.origin,
+            "num_nodes": self.num_nodes,
+            "ops": dict(self.ops),
+            "inputs": list(self.inputs),
+            "winner": self.winner,
+            "eager_ms": self.eager_ms,
+            "notes": list(self.notes),
+            "attempts": [a.to_dict() for a in self.attempts],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GraphRecord:
+        return cls(
+            id=int(data["id"]),
+            fingerprint=str(data["fingerprint"]),
+            origin=str(data["origin"]),
+            num_nodes=int(data["num_nodes"]),
+            ops={str(k): int(v) for k, v in data["ops"].items()},
+            inputs=list(data["inputs"]),
+            attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
+            winner=data["winner"],
+            eager_ms=data.get("eager_ms"),
+            notes=tuple(data.get("notes", ())),
+        )
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.id} ({self.origin}, {self.num_nodes} nodes): {self.winner}"]
+        lines += [f"  {a}" for a in self.attempts]
+        return "\n".join(lines)

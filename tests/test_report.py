@@ -1,0 +1,189 @@
+"""The report: JSON round trip, atomic saves, the CLI, and `backend="chain"`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from chain import Report, Status, chain, last_chain
+from tests import faults
+from tests.helpers import compile_and_check
+from tests.models import build
+
+REQUIRED_GRAPH_KEYS = {
+    "id",
+    "fingerprint",
+    "origin",
+    "num_nodes",
+    "ops",
+    "inputs",
+    "winner",
+    "attempts",
+}
+REQUIRED_ATTEMPT_KEYS = {
+    "backend",
+    "status",
+    "reason",
+    "compile_s",
+    "latency_ms",
+    "speedup",
+    "max_abs_err",
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    torch._dynamo.reset()
+    model, args = build("graph_break")
+    backend = chain(faults.raises_at_compile, faults.declines, "eager")
+    compile_and_check(model, args, backend, calls=1)
+    return backend.report
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chain", *args],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=120,
+    )
+
+
+def test_json_has_the_documented_keys(report: Report, tmp_path: Path) -> None:
+    data = json.loads(report.save(tmp_path / "r.json").read_text())
+    assert {"version", "graphs", "summary"} <= data.keys()
+    assert len(data["graphs"]) == 2
+    for graph in data["graphs"]:
+        assert graph.keys() >= REQUIRED_GRAPH_KEYS
+        assert [a["status"] for a in graph["attempts"]] == ["compile_error", "unsupported", "won"]
+        for attempt in graph["attempts"]:
+            assert attempt.keys() >= REQUIRED_ATTEMPT_KEYS
+        assert "converter exploded" in graph["attempts"][0]["traceback"]
+    assert data["summary"]["winners"] == {"eager": 2}
+
+
+def test_round_trip_is_lossless(report: Report, tmp_path: Path) -> None:
+    loaded = Report.load(report.save(tmp_path / "r.json"))
+    assert loaded.graphs == report.graphs
+    assert loaded.summary() == report.summary()
+    assert loaded.graphs[0].attempts[1].status is Status.UNSUPPORTED
+
+
+def test_summary_sums_eager_over_winners(report: Report) -> None:
+    s = report.summary()
+    eager = sum(g.eager_ms for g in report.graphs)
+    winners = sum(g.winning_attempt.latency_ms for g in report.graphs)
+    assert s["speedup"] == pytest.approx(eager / winners, rel=1e-3)
+
+
+def test_save_is_atomic(report: Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def crash(*_: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        report.save(target)
+    assert target.read_text() == "old"
+    assert list(tmp_path.iterdir()) == [target]  # no temporary file left behind
+
+
+def test_table_and_markdown_show_every_attempt(report: Report) -> None:
+    text = str(report)
+    md = report.to_markdown()
+    for needle in ("raises_at_compile", "compile_error", "unsupported", "exploded", "frobnicate"):
+        assert needle in text and needle in md
+    assert report.summary_line() in md
+    failures = report.to_markdown(failures_only=True)
+    assert "| won |" not in failures and "compile_error" in failures
+
+
+def test_cli_prints_the_saved_report(report: Report, tmp_path: Path) -> None:
+    path = report.save(tmp_path / "r.json")
+    table = _cli("report", str(path))
+    assert table.returncode == 0, table.stderr
+    assert "declines" in table.stdout and "exploded" in table.stdout
+    md = _cli("report", str(path), "--format", "markdown", "--failures")
+    assert md.returncode == 0 and "| won |" not in md.stdout and "unsupported" in md.stdout
+    js = _cli("report", str(path), "--format", "json")
+    assert Report.from_dict(json.loads(js.stdout)).graphs == report.graphs
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"version": 1, "graphs": [{"id": 0', "not valid JSON (truncated?)"),
+        ('{"hello": 1}', "not a backend-chain report"),
+        ('{"version": 1, "graphs": [{"id": 0}]}', "malformed graph record: KeyError"),
+        ('{"version": 99, "graphs": []}', "report version 99"),
+    ],
+)
+def test_cli_rejects_bad_files_in_one_line(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    result = _cli("report", str(path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert str(path) in result.stderr and message in result.stderr
+
+
+def test_cli_missing_file(tmp_path: Path) -> None:
+    result = _cli("report", str(tmp_path / "nope.json"))
+    assert result.returncode == 2 and "no such file" in result.stderr
+
+
+def test_report_path_is_rewritten_after_every_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "live.json"
+    monkeypatch.setenv("CHAIN_REPORT", str(path))
+    model, args = build("graph_break")
+    backend = chain("eager")
+    seen: list[int] = []
+    original = backend._finish
+
+    def spy(*a: object, **k: object) -> object:
+        out = original(*a, **k)
+        seen.append(len(json.loads(path.read_text())["graphs"]))
+        return out
+
+    monkeypatch.setattr(backend, "_finish", spy)
+    compile_and_check(model, args, backend, calls=1)
+    assert seen == [1, 2]
+
+
+def test_torch_compile_backend_chain_by_name() -> None:
+    model, args = build("mlp")
+    compile_and_check(model, args, "chain")
+    used = last_chain()
+    assert used is not None and used.report.graphs[-1].winner == "eager"
+    names = [a.backend for a in used.report.graphs[-1].attempts]
+    assert names[-1] == "eager"
+
+
+def test_torch_compile_chain_options_pick_the_chain() -> None:
+    model, args = build("mlp")
+    with torch.no_grad():
+        compiled = torch.compile(
+            model, backend="chain", options={"backends": ["inductor", "eager"], "mode": "first"}
+        )
+        torch.testing.assert_close(compiled(*args), model(*args))
+    graph = last_chain().report.graphs[-1]
+    assert [(a.backend, a.status) for a in graph.attempts] == [
+        ("inductor", Status.WON),
+        ("eager", Status.NOT_TRIED),
+    ]
+
+
+def test_torch_compile_chain_rejects_unknown_options() -> None:
+    model, args = build("mlp")
+    with pytest.raises(Exception, match="unknown chain option"):
+        torch.compile(model, backend="chain", options={"colour": "blue"})(*args)
