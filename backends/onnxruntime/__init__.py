@@ -29,6 +29,7 @@ from backends.onnxruntime.session import (
     default_providers,
     provider_names,
     session_options,
+    user_stream,
 )
 from backends.registry import register_backend
 
@@ -133,6 +134,7 @@ def onnxruntime_backend(
         rebuild=build,
         on_weight_change=on_weight_change,
         details=details(compiled.graph, chosen, compiled.session),
+        stream=user_stream(chosen),
     )
 
 

@@ -4,7 +4,8 @@ CPU: inputs go in as numpy views of the torch tensors, outputs come back as nump
 wrapped by `torch.from_numpy` (no copy either way). CUDA: IOBinding binds torch's memory
 by pointer; outputs of known shape are allocated by torch and bound, the others are
 allocated by ORT and wrapped through DLPack; the session runs on torch's current stream
-(the CUDA EP is created with it as its user compute stream).
+(the CUDA EP is created with it as its user compute stream; called from another stream,
+the runner first waits for that stream's pending work).
 
 Frozen weights (ONNX initializers) are checked on every call: same tensor object, same
 `_version` (bumped by in-place writes), same storage. If the user changed one, the runner
@@ -78,6 +79,7 @@ class OrtRunner:
         rebuild: Callable[[Sequence[object]], Compiled] | None,
         on_weight_change: str = "reexport",
         details: dict[str, Any] | None = None,
+        stream: int | None = None,
     ) -> None:
         if on_weight_change not in ("reexport", "raise"):
             raise ValueError(f"on_weight_change {on_weight_change!r}; valid: reexport, raise")
@@ -86,6 +88,7 @@ class OrtRunner:
         self._single = single_output
         self._rebuild = rebuild
         self._on_change = on_weight_change
+        self._stream = stream
         self.chain_details: dict[str, Any] = dict(details or {})
         self.reexports = 0
         self._use(compiled)
@@ -165,7 +168,10 @@ class OrtRunner:
                 name, "cuda", index, numpy_dtype(spec.dtype), spec.shape, out.data_ptr()
             )
             allocated.append(out)
-        self._compiled.session.run_with_iobinding(binding)
+        current = torch.cuda.current_stream(self._device)
+        if current.cuda_stream != self._stream:
+            current.synchronize()  # ORT runs on another stream: let torch's writes land first
+        self._compiled.session.run_with_iobinding(binding)  # ORT syncs its stream on return
         if all(a is not None for a in allocated):
             return allocated  # type: ignore[return-value]
         ort_values = binding.get_outputs()

@@ -38,21 +38,20 @@ def default_providers(device: torch.device) -> list[Provider]:
     installed = set(ort.get_available_providers())
     chosen: list[Provider] = []
     if device.type == "cuda":
-        index = {"device_id": str(device.index or 0)}
-        if "TensorrtExecutionProvider" in installed:
-            chosen.append(("TensorrtExecutionProvider", dict(index)))
         if "CUDAExecutionProvider" not in installed:
             raise Unsupported(
                 "inputs are on CUDA but this onnxruntime has no CUDAExecutionProvider: "
                 "pip install 'backend-chain[gpu]'"
             )
         stream = torch.cuda.current_stream(device).cuda_stream
-        chosen.append(
-            (
-                "CUDAExecutionProvider",
-                {**index, "has_user_compute_stream": "1", "user_compute_stream": str(stream)},
-            )
-        )
+        on_torch_stream = {
+            "device_id": str(device.index or 0),
+            "has_user_compute_stream": "1",
+            "user_compute_stream": str(stream),
+        }
+        if "TensorrtExecutionProvider" in installed:
+            chosen.append(("TensorrtExecutionProvider", dict(on_torch_stream)))
+        chosen.append(("CUDAExecutionProvider", on_torch_stream))
     elif device.type != "cpu":
         raise Unsupported(f"inputs on {device.type}: the ONNX Runtime backend takes cpu or cuda")
     chosen.append("CPUExecutionProvider")
@@ -96,3 +95,12 @@ def create_session(model: bytes, options: Any, providers: Sequence[Provider]) ->
 def provider_names(providers: Sequence[Provider]) -> list[str]:
     """Just the provider names, for the report."""
     return [p if isinstance(p, str) else p[0] for p in providers]
+
+
+def user_stream(providers: Sequence[Provider]) -> int | None:
+    """The CUDA stream (as an int) the CUDA EP was told to run on, if any."""
+    for provider in providers:
+        if isinstance(provider, tuple) and provider[0] == "CUDAExecutionProvider":
+            stream = provider[1].get("user_compute_stream")
+            return int(stream) if stream is not None else None
+    return None
