@@ -141,13 +141,15 @@ def models() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...]]]:
     }
 
 
-def direct_ort(model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | None) -> Callable:
+def direct_ort(
+    model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | None, spin: bool
+) -> Callable:
     """ONNX Runtime on the model exported directly; same session options as the backend."""
     import onnxruntime as ort
 
     with quiet():
         program = torch.onnx.export(model, args, dynamo=True, verbose=False, report=False)
-    options = session_options("all", threads)
+    options = session_options("all", threads, spin)
     session = ort.InferenceSession(
         program.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
@@ -161,10 +163,12 @@ def direct_ort(model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | 
 
 
 def variants(
-    model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | None
+    model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | None, spin: bool
 ) -> dict[str, Callable]:
     ort_backend = lookup_backend("onnxruntime")
-    options = {} if threads is None else {"intra_op_num_threads": threads}
+    options: dict[str, Any] = {"allow_spinning": spin}
+    if threads is not None:
+        options["intra_op_num_threads"] = threads
 
     built: list[tuple[Callable, list[Any]]] = []
 
@@ -191,15 +195,15 @@ def variants(
     if chain is not None:
         b = chain("onnxruntime", "eager", options={"onnxruntime": options})
         found["chain(ort)"] = torch.compile(model, backend=b)
-    found["direct ort"] = direct_ort(model, args, threads)
+    found["direct ort"] = direct_ort(model, args, threads, spin)
     return found
 
 
-def bench(rounds: int, calls: int, threads: int | None) -> list[dict[str, Any]]:
+def bench(rounds: int, calls: int, threads: int | None, spin: bool) -> list[dict[str, Any]]:
     rows = []
     for name, (model, args) in models().items():
         with torch.no_grad():
-            runs = variants(model, args, threads)
+            runs = variants(model, args, threads, spin)
             for fn in runs.values():  # compile + warm up
                 for _ in range(3):
                     fn(*args)
@@ -223,15 +227,16 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="ORT intra-op threads and torch threads"
     )
+    parser.add_argument("--spin", action="store_true", help="let ORT's idle threads spin")
     ns = parser.parse_args()
     if ns.threads is not None:
         torch.set_num_threads(ns.threads)
-    rows = bench(ns.rounds, ns.calls, ns.threads)
+    rows = bench(ns.rounds, ns.calls, ns.threads, ns.spin)
     keys = [k for k in rows[0] if k != "model"]
     print(
         f"median ms per call over {ns.rounds} interleaved rounds of {ns.calls} calls "
         f"(after one untimed call), torch threads {torch.get_num_threads()}, "
-        f"ORT intra-op threads {ns.threads or 'default'}"
+        f"ORT intra-op threads {ns.threads or 'default'}, spinning {'on' if ns.spin else 'off'}"
     )
     header = ["model", *keys, "dynamo fixed", "runner/direct", "ours/direct"]
     if "chain(ort)" in keys:

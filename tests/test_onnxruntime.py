@@ -156,7 +156,9 @@ def test_in_place_weight_change_is_noticed(policy: str) -> None:
 def test_options_reach_the_session() -> None:
     run = compile_and_run("mlp", intra_op_num_threads=1, graph_optimization_level="basic")
     session = run.runners[0].session
-    assert session.get_session_options().intra_op_num_threads == 1
+    options = session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert BACKEND.options is not None and "providers" in BACKEND.options
 
 

@@ -3,6 +3,14 @@
 Export and session creation happen once per graph, at compile time. The compiled callable
 carries the ONNX bytes as `chain_payload` and providers, opset, initializer count and
 frozen inputs as `chain_details`. See `runtime` for what happens when frozen weights change.
+
+Options: `providers` (default: TensorRT EP and CUDA EP for CUDA inputs when installed, then
+CPU), `graph_optimization_level` (disable|basic|extended|all, default all),
+`intra_op_num_threads` (default: ORT's), `allow_spinning` (default False: see
+`session.session_options`), `on_weight_change` (reexport|raise, default reexport).
+Refused with `Unsupported`: autograd graphs (inputs that require grad under grad mode),
+non-tensor inputs/outputs, inputs on several devices, ops the exporter or ORT cannot take,
+dynamic shapes the exporter cannot express.
 """
 
 from __future__ import annotations
@@ -33,7 +41,13 @@ from backends.onnxruntime.session import (
 )
 from backends.registry import register_backend
 
-OPTIONS = ("providers", "graph_optimization_level", "intra_op_num_threads", "on_weight_change")
+OPTIONS = (
+    "providers",
+    "graph_optimization_level",
+    "intra_op_num_threads",
+    "allow_spinning",
+    "on_weight_change",
+)
 
 
 def _device_of(example_inputs: Sequence[object]) -> torch.device:
@@ -106,10 +120,11 @@ def onnxruntime_backend(
     providers: Sequence[Provider] | None = None,
     graph_optimization_level: str = "all",
     intra_op_num_threads: int | None = None,
+    allow_spinning: bool = False,
     on_weight_change: str = "reexport",
 ) -> OrtRunner:
     """Export the graph to ONNX once and run it with ONNX Runtime."""
-    options = session_options(graph_optimization_level, intra_op_num_threads)
+    options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
     check_inference(example_inputs)
     device = _device_of(example_inputs)
     outputs, single = _output_nodes(gm)
