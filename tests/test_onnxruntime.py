@@ -109,6 +109,18 @@ def test_cpu_inputs_are_not_copied(runs: dict[str, Run]) -> None:
     assert np.shares_memory(view, x.numpy())
 
 
+def test_non_contiguous_then_contiguous_input() -> None:
+    """A transposed input (numpy strided view), then a contiguous one: dynamo recompiles
+    with a dynamic stride the graph never reads, which must not stop the export."""
+    model, _ = build("two_outputs")
+    run = Run(model, ())
+    compiled = torch.compile(model, backend=capturing(run))
+    with torch.no_grad():
+        for x in (torch.randn(16, 4).t(), torch.randn(4, 16)):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert run.refusals == [] and len(run.runners) == 2
+
+
 def test_unsupported_op_raises_with_exporter_reason() -> None:
     run = compile_and_run("kthvalue")
     (refusal,) = run.refusals

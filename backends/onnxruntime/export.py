@@ -13,6 +13,7 @@ import io
 import logging
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,14 +63,19 @@ class OnnxGraph:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[io.StringIO]:
-    """Swallow the exporter's prints, rich progress and log warnings; yield what it said."""
+    """Swallow the exporter's prints, rich progress, warnings and logs; yield what it printed."""
     captured = io.StringIO()
     loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        with (
+            contextlib.redirect_stdout(captured),
+            contextlib.redirect_stderr(captured),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")  # the exporter's deprecation/future warnings
             yield captured
     finally:
         for logger, level in zip(loggers, levels, strict=True):

@@ -159,6 +159,8 @@ def prepare_graph(
         attr.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
         nodes[i].replace_all_uses_with(attr)
     for i in sorted(symints):
+        if not nodes[i].users:
+            continue  # e.g. a dynamic stride dynamo guards on but the graph never reads
         value = nodes[i].meta.get("example_value", example_inputs[i])
         if not isinstance(value, torch.SymInt):
             raise Unsupported(
