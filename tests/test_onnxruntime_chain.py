@@ -81,3 +81,13 @@ def test_changed_weights_with_raise_policy_fall_back_at_run_time() -> None:
 def test_unknown_option_is_rejected_at_chain_time() -> None:
     with pytest.raises(ValueError, match="on_weight_change"):
         chain("onnxruntime", "eager", options={"onnxruntime": {"threads": 2}})
+
+
+def test_inference_mode_inputs_are_exported_and_run() -> None:
+    model, (x,) = build("cnn")
+    backend = chain("onnxruntime", "eager", measure=False)
+    with torch.inference_mode():
+        x = x.clone()  # an inference tensor
+        out = torch.compile(model, backend=backend)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert [winner for winner, _ in outcomes(backend)] == ["onnxruntime"]
