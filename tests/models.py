@@ -101,3 +101,22 @@ def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 MODELS = ("cnn", "transformer", "mlp", "two_outputs", "graph_break")
+
+
+class KthValue(nn.Module):
+    """A linear layer then `kthvalue`, which the ONNX exporter has no translation for."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.kthvalue(self.fc(x), 2, dim=-1).values
+
+
+def build_extra(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Models outside MODELS (kept out so loops over MODELS stay as they were)."""
+    torch.manual_seed(0)
+    if name == "kthvalue":
+        return KthValue().eval(), (torch.randn(4, 16),)
+    raise ValueError(f"unknown extra test model {name!r}")
