@@ -1,6 +1,11 @@
 """Backends for the chain, one module each; importing this package registers them all."""
 
-from backends import eager, inductor, onnxruntime  # noqa: F401  (registration side effects)
+from backends import (  # noqa: F401  (registration side effects)
+    eager,
+    inductor,
+    onnxruntime,
+    tensorrt,
+)
 from backends.errors import InvalidBackend, InvalidOption, Transient, Unsupported
 from backends.registry import (
     Backend,

@@ -1,0 +1,9 @@
+"""TensorRT backend: ATen graph, lowering passes, partitioning, ONNX -> engine, runtime.
+
+Importing registers the "tensorrt" backend; tensorrt itself is imported only when used.
+"""
+
+from backends.tensorrt.availability import available
+from backends.tensorrt.backend import tensorrt_backend
+
+__all__ = ["available", "tensorrt_backend"]

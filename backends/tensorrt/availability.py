@@ -1,0 +1,42 @@
+"""Whether the tensorrt backend can run here, and whether it can take a given graph."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from backends.errors import Unsupported
+
+NOT_INSTALLED = "tensorrt is not installed: pip install 'backend-chain[gpu]'"
+NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
+
+
+def available() -> str | None:
+    """None when TensorRT imports and a CUDA device is present, else the precise reason."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return NOT_INSTALLED
+    try:
+        import tensorrt  # noqa: F401
+    except (ImportError, OSError) as e:
+        return f"tensorrt is installed but does not import: {e}"
+    if not torch.cuda.is_available():
+        return NO_CUDA
+    return None
+
+
+def check_inference_graph(example_inputs: Sequence[Any]) -> None:
+    """Raise Unsupported for a training graph: TensorRT engines have no backward."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [
+        i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.requires_grad
+    ]
+    if needing:
+        raise Unsupported(
+            f"training graph: {len(needing)} input(s) require grad (first at position "
+            f"{needing[0]}); TensorRT builds inference engines, run under torch.no_grad() "
+            "or torch.inference_mode()"
+        )

@@ -1,0 +1,1 @@
+"""Conversion: block -> ONNX -> TensorRT engine, with engine and timing caches."""

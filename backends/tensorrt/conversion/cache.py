@@ -1,0 +1,140 @@
+"""Engine and timing caches on disk, keyed so that a hit is always the right engine.
+
+The key hashes the block's code (graph structure), its constants (weights), the input
+specs, the build settings, the TensorRT version and the GPU name. Writes are atomic
+(temporary file + os.replace); a corrupt entry is a warning and a miss, never a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+logger = logging.getLogger(__name__)
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one engine input."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorSpec:
+        return cls(tuple(int(s) for s in tensor.shape), str(tensor.dtype).removeprefix("torch."))
+
+
+def cache_key(
+    block: fx.GraphModule,
+    inputs: Sequence[TensorSpec],
+    settings: Mapping[str, Any],
+    trt_version: str,
+    device_name: str,
+) -> str:
+    """A hex digest naming the engine built from exactly these ingredients."""
+    digest = hashlib.sha256()
+    header = {
+        "format": FORMAT,
+        "code": block.code,
+        "inputs": [asdict(s) for s in inputs],
+        "settings": dict(sorted(settings.items())),
+        "tensorrt": trt_version,
+        "device": device_name,
+    }
+    digest.update(json.dumps(header, sort_keys=True).encode())
+    constants = {**dict(block.named_parameters()), **dict(block.named_buffers())}
+    for name, value in sorted(constants.items()):
+        tensor = value.detach().contiguous().cpu().reshape(-1)
+        digest.update(f"{name}:{tensor.dtype}:{tuple(value.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CachedEngine:
+    """An engine read back from the cache, with the I/O names it was built with."""
+
+    engine: bytes
+    meta: dict[str, Any]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class EngineCache:
+    """`<dir>/engines/<key>.engine` + `<key>.json` (I/O names, checksum); the timing cache."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        base = self.directory / "engines" / key
+        return base.with_suffix(".engine"), base.with_suffix(".json")
+
+    def load(self, key: str) -> CachedEngine | None:
+        """The cached engine for `key`, or None (a corrupt entry warns and counts as a miss)."""
+        engine_path, meta_path = self._paths(key)
+        if not engine_path.exists() or not meta_path.exists():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+            engine = engine_path.read_bytes()
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise ValueError(f"unexpected metadata format in {meta_path}")
+            if hashlib.sha256(engine).hexdigest() != meta.get("sha256"):
+                raise ValueError(f"checksum mismatch for {engine_path}")
+        except (OSError, ValueError) as e:
+            warnings.warn(
+                f"ignoring corrupt TensorRT engine cache entry {key[:12]}: {e}; rebuilding",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        return CachedEngine(engine, meta)
+
+    def store(self, key: str, engine: bytes, meta: Mapping[str, Any]) -> None:
+        """Save an engine and its metadata (engine first: the metadata makes it visible)."""
+        engine_path, meta_path = self._paths(key)
+        full = {**meta, "format": FORMAT, "sha256": hashlib.sha256(engine).hexdigest()}
+        atomic_write(engine_path, engine)
+        atomic_write(meta_path, json.dumps(full, indent=1).encode())
+
+    @property
+    def timing_cache_path(self) -> Path:
+        return self.directory / "timing.cache"
+
+    def read_timing_cache(self) -> bytes:
+        """The serialized timing cache, or b"" when there is none or it cannot be read."""
+        try:
+            return self.timing_cache_path.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as e:
+            warnings.warn(f"cannot read TensorRT timing cache: {e}", RuntimeWarning, stacklevel=2)
+            return b""
+
+    def write_timing_cache(self, data: bytes) -> None:
+        atomic_write(self.timing_cache_path, data)

@@ -1,0 +1,176 @@
+"""Step 3: split the lowered graph into TensorRT blocks and PyTorch parts, with reasons.
+
+torch.fx's `CapabilityBasedPartitioner` groups supported nodes (see `support.py`) into
+maximal acyclic blocks; blocks smaller than `min_block_size` stay in PyTorch unless they
+are the whole graph (no PyTorch <-> TensorRT boundary to pay for then). Each node left to
+PyTorch gets a reason; the result groups them by op for the report.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from backends.errors import Unsupported
+from backends.tensorrt.aten import op_name
+from backends.tensorrt.partitioning.support import EXCLUDED, check
+
+ENGINE_PREFIX = "_run_on_acc_"
+
+
+@dataclass(frozen=True)
+class PartitionOptions:
+    """The partitioning options of the backend."""
+
+    min_block_size: int = 5
+    torch_executed_ops: frozenset[str] = frozenset()
+    require_full_compilation: bool = False
+
+
+@dataclass
+class PartitionResult:
+    """Where the ops went: counts, engine submodule names, and why the rest stayed."""
+
+    ops_total: int
+    ops_tensorrt: int
+    engines: list[str]
+    fallback: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add_fallback(self, op: str, reason: str, count: int = 1) -> None:
+        """Record `count` calls of `op` left to PyTorch for `reason`."""
+        by_reason = self.fallback.setdefault(op, {})
+        by_reason[reason] = by_reason.get(reason, 0) + count
+
+    def details(self) -> dict[str, Any]:
+        """JSON-able facts for the report's `chain_details`."""
+        return {
+            "ops_total": self.ops_total,
+            "ops_tensorrt": self.ops_tensorrt,
+            "engines": len(self.engines),
+            "fallback": {op: dict(r) for op, r in sorted(self.fallback.items())},
+        }
+
+
+class TensorRTSupport(OperatorSupportBase):
+    """Operator support from the table, minus excluded ops; remembers each refusal's reason."""
+
+    def __init__(self, excluded: frozenset[str]) -> None:
+        super().__init__()
+        self.excluded = excluded
+        self.reasons: dict[fx.Node, str] = {}
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
+        if node.op != "call_function":
+            return False
+        reason = EXCLUDED if is_excluded(node, self.excluded) else check(node)
+        if reason is not None:
+            self.reasons[node] = reason
+        return reason is None
+
+
+def is_excluded(node: fx.Node, excluded: frozenset[str]) -> bool:
+    """Whether the user asked to run this op in PyTorch (`aten.relu` or `aten.relu.default`)."""
+    name = op_name(node)
+    packet = name.rsplit(".", 1)[0] if name.count(".") >= 2 else name
+    return bool({name, packet, f"torch.ops.{name}", f"torch.ops.{packet}"} & excluded)
+
+
+def is_compute(node: fx.Node) -> bool:
+    """An op that does work: call_function other than tuple indexing."""
+    return node.op == "call_function" and node.target is not operator.getitem
+
+
+def partition(
+    gm: fx.GraphModule, options: PartitionOptions
+) -> tuple[fx.GraphModule, PartitionResult]:
+    """Fuse TensorRT-able blocks of `gm` (in place) into submodules; say why the rest is not."""
+    compute = [n for n in gm.graph.nodes if is_compute(n)]
+    support = TensorRTSupport(options.torch_executed_ops)
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    kept: list[Partition] = []
+    small_reasons: dict[fx.Node, str] = {}
+    for part in partitioner.propose_partitions():
+        size = sum(1 for n in part.nodes if is_compute(n))
+        if size >= options.min_block_size or size == len(compute):
+            kept.append(part)
+            continue
+        reason = f"block too small ({size} < min_block_size={options.min_block_size})"
+        small_reasons.update({n: reason for n in part.nodes if is_compute(n)})
+    in_engines = sum(1 for p in kept for n in p.nodes if is_compute(n))
+    result = PartitionResult(ops_total=len(compute), ops_tensorrt=in_engines, engines=[])
+    for node in compute:
+        reason = support.reasons.get(node) or small_reasons.get(node)
+        if reason is not None:
+            result.add_fallback(op_name(node), reason)
+    if options.require_full_compilation and result.fallback:
+        raise Unsupported(
+            f"require_full_compilation: {result.ops_total - in_engines} op(s) would run in "
+            f"PyTorch ({summarize(result.fallback)})"
+        )
+    if kept:
+        gm = partitioner.fuse_partitions(kept, prefix=ENGINE_PREFIX)
+    result.engines = [n.target for n in gm.graph.nodes if is_engine_call(n)]
+    for node in gm.graph.nodes:
+        if is_engine_call(node):
+            inline_constants(gm, node)
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return gm, result
+
+
+def is_engine_call(node: fx.Node) -> bool:
+    """A call of a fused TensorRT block."""
+    return node.op == "call_module" and str(node.target).startswith(ENGINE_PREFIX)
+
+
+def summarize(fallback: dict[str, dict[str, int]], limit: int = 3) -> str:
+    """`aten.foo: reason (n); ...` for the first few ops, the way a report line wants it."""
+    items = [f"{op}: {', '.join(reasons)}" for op, reasons in sorted(fallback.items())]
+    more = f"; and {len(items) - limit} more" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+def inline_constants(gm: fx.GraphModule, call: fx.Node) -> None:
+    """Move the constants a block reads from the parent into the block itself.
+
+    The fuser passes `get_attr` values as block inputs; TensorRT wants weights as constants
+    (ONNX initializers), so each becomes a buffer of the block.
+    """
+    block: fx.GraphModule = getattr(gm, str(call.target))
+    placeholders = [n for n in block.graph.nodes if n.op == "placeholder"]
+    keep_args = []
+    for arg, placeholder in zip(call.args, placeholders, strict=True):
+        if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
+            keep_args.append(arg)
+            continue
+        value = _fetch(gm, str(arg.target))
+        name = f"_const_{placeholder.name}"
+        block.register_buffer(name, value, persistent=False)
+        with block.graph.inserting_before(placeholder):
+            const = block.graph.get_attr(name)
+        const.meta.update(placeholder.meta)
+        placeholder.replace_all_uses_with(const)
+        block.graph.erase_node(placeholder)
+    call.args = tuple(keep_args)
+    block.graph.lint()
+    block.recompile()
+
+
+def _fetch(gm: fx.GraphModule, target: str) -> torch.Tensor:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def engine_calls(gm: fx.GraphModule) -> Iterable[fx.Node]:
+    """The call_module nodes of the TensorRT blocks, in graph order."""
+    return (n for n in gm.graph.nodes if is_engine_call(n))

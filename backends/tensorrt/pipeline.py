@@ -1,0 +1,67 @@
+"""Steps 1-3 on any machine: ATen graph -> lowering passes -> partitions with reasons.
+
+Everything here runs on CPU without TensorRT, so the plan for a graph (what would be an
+engine, what stays in PyTorch and why, which inputs each engine sees) is testable anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from backends.tensorrt.aten import to_aten
+from backends.tensorrt.lowering import apply_lowering_passes
+from backends.tensorrt.partitioning import PartitionOptions, PartitionResult, partition
+from backends.tensorrt.partitioning.partitioner import is_engine_call
+
+
+@dataclass
+class Plan:
+    """A partitioned ATen graph, its report facts and example inputs of every engine block."""
+
+    gm: fx.GraphModule
+    result: PartitionResult
+    frozen_inputs: tuple[int, ...]
+    engine_inputs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+    def block(self, name: str) -> fx.GraphModule:
+        """The fused submodule `name` (a plain ATen graph module)."""
+        return getattr(self.gm, name)
+
+
+def plan(gm: fx.GraphModule, example_inputs: Sequence[Any], options: PartitionOptions) -> Plan:
+    """Trace, lower and partition a copy of `gm`; `gm` itself is left untouched."""
+    aten = to_aten(gm, example_inputs)
+    lowered = apply_lowering_passes(aten.gm, example_inputs)
+    split, result = partition(lowered, options)
+    return Plan(split, result, aten.frozen_inputs, capture_engine_inputs(split, example_inputs))
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the partitioned graph in PyTorch and keeps the arguments of each engine call."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.seen: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if is_engine_call(n):
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            self.seen[str(n.target)] = tuple(a for a in args)
+        return super().run_node(n)
+
+
+def capture_engine_inputs(
+    gm: fx.GraphModule, example_inputs: Sequence[Any]
+) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Example inputs of each engine block, by running the graph once in PyTorch."""
+    recorder = _Recorder(gm)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.no_grad():
+        recorder.run(*example_inputs)
+    return recorder.seen

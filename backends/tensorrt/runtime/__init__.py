@@ -1,0 +1,1 @@
+"""Runtime: engine modules and the stitched graph of engines and PyTorch parts."""

@@ -1,0 +1,99 @@
+"""An nn.Module that runs a serialized TensorRT engine on torch CUDA tensors.
+
+Inputs are bound by address (`set_tensor_address`), outputs are allocated by torch, and
+the engine runs on torch's current CUDA stream (`execute_async_v3`), so it orders with the
+PyTorch parts around it without extra synchronisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def torch_dtype(trt_dtype: Any) -> torch.dtype:
+    """The torch dtype of a TensorRT tensor dtype."""
+    import tensorrt as trt
+
+    table = {
+        trt.float32: torch.float32,
+        trt.float16: torch.float16,
+        trt.bfloat16: torch.bfloat16,
+        trt.int32: torch.int32,
+        trt.int64: torch.int64,
+        trt.int8: torch.int8,
+        trt.uint8: torch.uint8,
+        trt.bool: torch.bool,
+    }
+    if trt_dtype not in table:
+        raise TypeError(f"TensorRT dtype {trt_dtype} has no torch equivalent")
+    return table[trt_dtype]
+
+
+class TensorRTEngineModule(nn.Module):
+    """Runs one engine; returns a tensor, or a tuple when the block returned several."""
+
+    def __init__(
+        self,
+        engine: bytes,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        returns_tuple: bool,
+    ) -> None:
+        super().__init__()
+        self.serialized = engine
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self.returns_tuple = returns_tuple
+        self._engine: Any = None
+        self._context: Any = None
+
+    def _load(self) -> None:
+        import tensorrt as trt
+
+        from backends.tensorrt.conversion.engine import trt_logger
+
+        runtime = trt.Runtime(trt_logger())
+        engine = runtime.deserialize_cuda_engine(self.serialized)
+        if engine is None:
+            raise RuntimeError(
+                "TensorRT could not deserialize the engine (version or GPU changed?)"
+            )
+        names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
+        missing = set(self.input_names + self.output_names) - names
+        if missing:
+            raise RuntimeError(f"engine lacks tensors {sorted(missing)}; it has {sorted(names)}")
+        for name in self.input_names:
+            if engine.get_tensor_mode(name) != trt.TensorIOMode.INPUT:
+                raise RuntimeError(f"engine tensor {name!r} is not an input")
+        self._engine, self._context = engine, engine.create_execution_context()
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self._context is None:
+            self._load()
+        engine, context = self._engine, self._context
+        if len(inputs) != len(self.input_names):
+            raise TypeError(f"engine takes {len(self.input_names)} inputs, got {len(inputs)}")
+        device = inputs[0].device if inputs else torch.device("cuda")
+        keep = []
+        for name, tensor in zip(self.input_names, inputs, strict=True):
+            expected = torch_dtype(engine.get_tensor_dtype(name))
+            tensor = tensor.to(device=device, dtype=expected).contiguous()
+            keep.append(tensor)
+            context.set_input_shape(name, tuple(tensor.shape))
+            context.set_tensor_address(name, tensor.data_ptr())
+        outputs = []
+        for name in self.output_names:
+            shape = tuple(context.get_tensor_shape(name))
+            dtype = torch_dtype(engine.get_tensor_dtype(name))
+            out = torch.empty(shape, dtype=dtype, device=device)
+            context.set_tensor_address(name, out.data_ptr())
+            outputs.append(out)
+        stream = torch.cuda.current_stream(device)
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed")
+        del keep  # the stream orders later frees after the engine ran
+        return tuple(outputs) if self.returns_tuple else outputs[0]

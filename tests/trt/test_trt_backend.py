@@ -1,0 +1,117 @@
+"""The registered backend: availability, options, training graphs, and the chain on CPU.
+
+With TensorRT and a GPU (marker `tensorrt`): engines built, run and matched against eager,
+and a second compile served from the engine cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import backends
+from backends.errors import InvalidOption, Unsupported
+from backends.tensorrt import available
+from backends.tensorrt.availability import NOT_INSTALLED, check_inference_graph
+from backends.tensorrt.settings import Settings
+from chain import Status, chain
+from tests.helpers import compile_and_check
+from tests.models import build
+from tests.trt.helpers import dynamo_graph
+
+needs_no_tensorrt = pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="tensorrt is installed here"
+)
+
+
+@needs_no_tensorrt
+def test_available_names_the_missing_package() -> None:
+    assert (
+        available()
+        == NOT_INSTALLED
+        == "tensorrt is not installed: pip install 'backend-chain[gpu]'"
+    )
+    assert backends.lookup_backend("tensorrt").available() == NOT_INSTALLED
+
+
+@needs_no_tensorrt
+def test_direct_call_without_tensorrt_is_unsupported_with_reason() -> None:
+    gm, inputs, _ = dynamo_graph("mlp")
+    with torch.no_grad(), pytest.raises(Unsupported) as info:
+        backends.lookup_backend("tensorrt")(gm, inputs)
+    assert info.value.reason == NOT_INSTALLED
+
+
+def test_training_graph_is_unsupported() -> None:
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(Unsupported, match=r"training graph: 1 input\(s\) require grad"):
+        check_inference_graph([torch.randn(2), x])
+    with torch.no_grad():
+        check_inference_graph([x])  # no autograd recorded: an inference graph
+    gm, inputs, _ = dynamo_graph("mlp")  # parameters require grad; grad mode is on here
+    with pytest.raises(Unsupported, match="training graph"):
+        backends.lookup_backend("tensorrt")(gm, inputs)
+
+
+def test_options_are_declared_and_validated() -> None:
+    backend = backends.lookup_backend("tensorrt")
+    assert {"min_block_size", "torch_executed_ops", "require_full_compilation"} <= backend.options
+    assert {"workspace_size", "optimization_level", "cache_dir"} <= backend.options
+    with pytest.raises(InvalidOption, match="does not accept option"):
+        backend.check_options({"precision": "fp16"})
+    with pytest.raises(InvalidOption, match="min_block_size must be an int >= 1"):
+        Settings.from_options({"min_block_size": 0})
+    with pytest.raises(InvalidOption, match="optimization_level must be <= 5"):
+        Settings.from_options({"optimization_level": 9})
+    settings = Settings.from_options({"torch_executed_ops": ["torch.ops.aten.gelu", "aten.relu"]})
+    assert settings.torch_executed_ops == {"aten.gelu", "aten.relu"}
+
+
+@needs_no_tensorrt
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_chain_records_unavailable_and_runs_eager(name: str) -> None:
+    model, args = build(name)
+    b = chain("tensorrt", "eager", options={"tensorrt": {"min_block_size": 3}})
+    compile_and_check(model, args, b)
+    (record,) = b.report.graphs
+    first, second = record.attempts
+    assert (first.backend, first.status, first.reason) == (
+        "tensorrt",
+        Status.UNAVAILABLE,
+        NOT_INSTALLED,
+    )
+    assert (second.backend, second.status) == ("eager", Status.WON)
+    assert record.winner == "eager"
+
+
+@pytest.mark.tensorrt
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_engines_build_run_and_match_eager(name: str, tmp_path: Path) -> None:
+    model, args = build(name)
+    model, args = model.cuda(), tuple(a.cuda() for a in args)
+    b = chain("tensorrt", "eager", options={"tensorrt": {"cache_dir": str(tmp_path)}})
+    compile_and_check(model, args, b, rtol=1e-3, atol=1e-3)
+    (record,) = b.report.graphs
+    won = record.attempts[0]
+    assert (won.backend, won.status) == ("tensorrt", Status.WON), won.reason
+    assert won.details["engines"] == 1 and won.details["cache_hits"] == 0
+    assert won.details["ops_tensorrt"] == won.details["ops_total"]
+
+
+@pytest.mark.tensorrt
+def test_second_compile_hits_the_engine_cache(tmp_path: Path) -> None:
+    model, args = build("cnn")
+    model, args = model.cuda(), tuple(a.cuda() for a in args)
+    options = {"tensorrt": {"cache_dir": str(tmp_path)}}
+    first = chain("tensorrt", "eager", options=options)
+    compile_and_check(model, args, first, rtol=1e-3, atol=1e-3)
+    torch._dynamo.reset()
+    second = chain("tensorrt", "eager", options=options)
+    compile_and_check(model, args, second, rtol=1e-3, atol=1e-3)
+    (built,), (reused,) = first.report.graphs[0].attempts[:1], second.report.graphs[0].attempts[:1]
+    assert built.details["cache_hits"] == 0 and reused.details["cache_hits"] == 1
+    assert reused.details["builds"][0]["cache_key"] == built.details["builds"][0]["cache_key"]
+    assert (tmp_path / "timing.cache").stat().st_size > 0
