@@ -1,6 +1,7 @@
 """Backends for the chain, one module each; importing this package registers them all."""
 
 from backends import (  # noqa: F401  (registration side effects)
+    cudagraphs,
     eager,
     inductor,
     onnxruntime,

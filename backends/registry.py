@@ -7,8 +7,9 @@ exception is a real failure. A backend never mutates the `gm` it is given.
 
 A compiled callable may carry `chain_details: dict` (JSON-able facts for the report:
 partition counts, fallback reasons, cache hits, providers), which the chain copies into
-the attempt's `details`, and `chain_payload` (bytes: an ONNX model, a TensorRT engine),
-which the chain keeps on the graph record for export but never writes to JSON.
+the attempt's `details` (its `summary`, one line, shows in the report's reason column),
+and `chain_payload` (bytes: an ONNX model, a TensorRT engine), which export reads from
+the winning callable and the report never holds.
 """
 
 from __future__ import annotations

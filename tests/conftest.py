@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cache: dict[str, str | None] = {}
     for item in items:
         for marker, probe in reasons.items():
-            if marker in item.keywords:
+            if item.get_closest_marker(marker) is not None:
                 if marker not in cache:
                     cache[marker] = probe()
                 if cache[marker]:

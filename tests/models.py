@@ -103,6 +103,25 @@ def build(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 MODELS = ("cnn", "transformer", "mlp", "two_outputs", "graph_break")
 
 
+class LaunchBound(nn.Module):
+    """Many tiny ops at batch 1: time goes to kernel launches, which CUDA graphs remove."""
+
+    def __init__(self, depth: int = 32, dim: int = 64) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + 0.5 * torch.tanh(layer(x))
+        return x
+
+
+def launch_bound(device: str = "cpu") -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The launch-bound model in eval mode on `device`, with a batch-1 input (seeded)."""
+    torch.manual_seed(0)
+    return LaunchBound().eval().to(device), (torch.randn(1, 64, device=device),)
+
+
 class KthValue(nn.Module):
     """A linear layer then `kthvalue`, which the ONNX exporter has no translation for."""
 

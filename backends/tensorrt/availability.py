@@ -40,3 +40,14 @@ def check_inference_graph(example_inputs: Sequence[Any]) -> None:
             f"{needing[0]}); TensorRT builds inference engines, run under torch.no_grad() "
             "or torch.inference_mode()"
         )
+
+
+def check_devices(example_inputs: Sequence[Any]) -> None:
+    """Raise Unsupported unless every tensor input lives on a CUDA device (engines run there)."""
+    devices = sorted({str(x.device) for x in example_inputs if isinstance(x, torch.Tensor)})
+    off_gpu = [d for d in devices if not d.startswith("cuda")]
+    if off_gpu:
+        raise Unsupported(
+            f"inputs on {', '.join(off_gpu)}: TensorRT engines run on CUDA tensors "
+            "(move the model and inputs to the GPU)"
+        )

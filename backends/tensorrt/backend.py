@@ -15,7 +15,7 @@ from torch import fx
 
 from backends.errors import Unsupported
 from backends.registry import register_backend
-from backends.tensorrt.availability import available, check_inference_graph
+from backends.tensorrt.availability import available, check_devices, check_inference_graph
 from backends.tensorrt.partitioning.partitioner import summarize
 from backends.tensorrt.pipeline import Plan, plan
 from backends.tensorrt.settings import OPTIONS, Settings
@@ -31,6 +31,7 @@ def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **o
     reason = available()
     if reason is not None:
         raise Unsupported(reason)
+    check_devices(example_inputs)
     the_plan = plan(gm, example_inputs, settings.partition_options())
     if not the_plan.result.engines:
         raise Unsupported(
@@ -72,13 +73,17 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
             f"TensorRT rejected every block: {rejected[0]['reason']}",
             detail="\n".join(str(r["detail"]) for r in rejected),
         )
+    summary = f"{result.ops_tensorrt}/{result.ops_total} ops to TensorRT in {len(builds)} engine(s)"
+    if result.fallback:
+        summary += f"; left to PyTorch: {summarize(result.fallback)}"
     details = {
         **result.details(),
+        "summary": summary,
         "engines": len(builds),
         "builds": builds,
         "cache_hits": sum(1 for b in builds if b["cache_hit"]),
         "parser_rejected": rejected,
-        "settings": {**settings.details(), "tensorrt": builds and _version()},
+        "settings": {**settings.details(), "tensorrt": _version()},
     }
     return CompiledGraph(the_plan.gm, the_plan.frozen_inputs, example_inputs, details)
 

@@ -15,7 +15,8 @@ import torch
 import backends
 from backends.errors import InvalidOption, Unsupported
 from backends.tensorrt import available
-from backends.tensorrt.availability import NOT_INSTALLED, check_inference_graph
+from backends.tensorrt.aten import to_aten
+from backends.tensorrt.availability import NOT_INSTALLED, check_devices, check_inference_graph
 from backends.tensorrt.settings import Settings
 from chain import Status, chain
 from tests.helpers import compile_and_check
@@ -54,6 +55,14 @@ def test_training_graph_is_unsupported() -> None:
     gm, inputs, _ = dynamo_graph("mlp")  # parameters require grad; grad mode is on here
     with pytest.raises(Unsupported, match="training graph"):
         backends.lookup_backend("tensorrt")(gm, inputs)
+
+
+def test_cpu_inputs_and_symbolic_sizes_are_unsupported() -> None:
+    with pytest.raises(Unsupported, match="inputs on cpu: TensorRT engines run on CUDA tensors"):
+        check_devices([torch.randn(2)])
+    gm, inputs, _ = dynamo_graph("mlp")
+    with pytest.raises(Unsupported, match=r"dynamic shapes: input\(s\) \[0\] are symbolic"):
+        to_aten(gm, [4, *inputs[1:]])
 
 
 def test_options_are_declared_and_validated() -> None:
@@ -115,3 +124,42 @@ def test_second_compile_hits_the_engine_cache(tmp_path: Path) -> None:
     assert built.details["cache_hits"] == 0 and reused.details["cache_hits"] == 1
     assert reused.details["builds"][0]["cache_key"] == built.details["builds"][0]["cache_key"]
     assert (tmp_path / "timing.cache").stat().st_size > 0
+
+
+def test_parser_rejection_keeps_the_block_in_pytorch_with_reasons() -> None:
+    from backends.tensorrt.backend import _parser_fallback
+    from backends.tensorrt.conversion.engine import ParseFailed, ParserIssue
+    from backends.tensorrt.partitioning import PartitionOptions
+    from backends.tensorrt.pipeline import plan
+
+    gm, inputs, expected = dynamo_graph("cnn")
+    the_plan = plan(gm, inputs, PartitionOptions())
+    (name,) = the_plan.result.engines
+    error = ParseFailed([ParserIssue(3, "node_Conv_3", "Conv", "unsupported dilation")])
+    assert error.reason == "TensorRT's ONNX parser rejected 1 node(s) (Conv)"
+    assert error.detail == "Conv node node_Conv_3: unsupported dilation"
+    _parser_fallback(the_plan, name, error)
+    result = the_plan.result
+    assert result.engines == [] and result.ops_tensorrt == 0
+    reason = f"TensorRT parser: {error.reason}"
+    assert result.fallback["aten.conv2d.default"] == {reason: 2}
+    assert sum(sum(r.values()) for r in result.fallback.values()) == result.ops_total == 9
+    torch.testing.assert_close(the_plan.gm(*inputs)[0], expected)  # the block runs in PyTorch
+
+
+def test_compiled_graph_refuses_weights_changed_after_freezing() -> None:
+    from backends.tensorrt.partitioning import PartitionOptions
+    from backends.tensorrt.pipeline import plan
+    from backends.tensorrt.runtime.compiled import CompiledGraph
+
+    gm, inputs, expected = dynamo_graph("mlp")
+    the_plan = plan(gm, inputs, PartitionOptions())
+    compiled = CompiledGraph(the_plan.gm, the_plan.frozen_inputs, inputs, {"engines": 1})
+    assert compiled.chain_details == {"engines": 1}
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs)[0], expected)
+        weight = inputs[the_plan.frozen_inputs[0]]
+        weight.add_(1.0)
+        with pytest.raises(RuntimeError, match=r"weight input 0 changed after TensorRT froze it"):
+            compiled(*inputs)
+        weight.sub_(1.0)

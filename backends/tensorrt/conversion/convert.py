@@ -66,14 +66,16 @@ def convert_block(
     )
     hit = cache.load(key) if settings.engine_cache else None
     if hit is not None:
-        module = TensorRTEngineModule(
-            hit.engine, hit.meta["inputs"], hit.meta["outputs"], hit.meta["returns_tuple"]
-        )
         try:
+            module = TensorRTEngineModule(
+                hit.engine, hit.meta["inputs"], hit.meta["outputs"], hit.meta["returns_tuple"]
+            )
             module._load()
-        except RuntimeError as e:
+        except (KeyError, TypeError, RuntimeError) as e:
             warnings.warn(
-                f"cached TensorRT engine unusable ({e}); rebuilding", RuntimeWarning, stacklevel=2
+                f"cached TensorRT engine {key[:12]} unusable ({type(e).__name__}: {e}); rebuilding",
+                RuntimeWarning,
+                stacklevel=2,
             )
         else:
             record.cache_hit, record.build_s = True, time.perf_counter() - start

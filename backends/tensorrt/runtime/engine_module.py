@@ -48,6 +48,7 @@ class TensorRTEngineModule(nn.Module):
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.returns_tuple = returns_tuple
+        self._runtime: Any = None  # kept alive as long as the engine it deserialized
         self._engine: Any = None
         self._context: Any = None
 
@@ -69,7 +70,8 @@ class TensorRTEngineModule(nn.Module):
         for name in self.input_names:
             if engine.get_tensor_mode(name) != trt.TensorIOMode.INPUT:
                 raise RuntimeError(f"engine tensor {name!r} is not an input")
-        self._engine, self._context = engine, engine.create_execution_context()
+        self._runtime, self._engine = runtime, engine
+        self._context = engine.create_execution_context()
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self._context is None:
