@@ -108,6 +108,11 @@ class OrtRunner:
         return self._compiled.graph.model
 
     @property
+    def graph(self) -> OnnxGraph:
+        """The exported graph this runner executes (export reads its input mapping)."""
+        return self._compiled.graph
+
+    @property
     def session(self) -> Any:
         return self._compiled.session
 
