@@ -4,6 +4,7 @@ from backends import (  # noqa: F401  (registration side effects)
     cudagraphs,
     eager,
     inductor,
+    onnxruntime,
     tensorrt,
 )
 from backends.errors import InvalidBackend, InvalidOption, Transient, Unsupported

@@ -11,6 +11,7 @@ from __future__ import annotations
 import backends as _backends  # noqa: F401  (registers the built-in backends)
 from chain.attempt import CompileTimeout, Mismatch
 from chain.core import AllCandidatesFailed, Chain
+from chain.deploy import CaptureError, ExportError, ExportResult, export
 from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report, ReportError
@@ -30,8 +31,11 @@ __all__ = [
     "DEFAULT_CHAIN",
     "AllCandidatesFailed",
     "Attempt",
+    "CaptureError",
     "Chain",
     "CompileTimeout",
+    "ExportError",
+    "ExportResult",
     "GraphRecord",
     "Mismatch",
     "Report",
@@ -40,5 +44,6 @@ __all__ = [
     "chain",
     "chain_for",
     "default_backends",
+    "export",
     "last_chain",
 ]

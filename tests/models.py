@@ -120,3 +120,22 @@ def launch_bound(device: str = "cpu") -> tuple[nn.Module, tuple[torch.Tensor, ..
     """The launch-bound model in eval mode on `device`, with a batch-1 input (seeded)."""
     torch.manual_seed(0)
     return LaunchBound().eval().to(device), (torch.randn(1, 64, device=device),)
+
+
+class KthValue(nn.Module):
+    """A linear layer then `kthvalue`, which the ONNX exporter has no translation for."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.kthvalue(self.fc(x), 2, dim=-1).values
+
+
+def build_extra(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Models outside MODELS (kept out so loops over MODELS stay as they were)."""
+    torch.manual_seed(0)
+    if name == "kthvalue":
+        return KthValue().eval(), (torch.randn(4, 16),)
+    raise ValueError(f"unknown extra test model {name!r}")

@@ -88,11 +88,16 @@ def is_compute(node: fx.Node) -> bool:
 
 
 def partition(
-    gm: fx.GraphModule, options: PartitionOptions
+    gm: fx.GraphModule, options: PartitionOptions, support: Any = None
 ) -> tuple[fx.GraphModule, PartitionResult]:
-    """Fuse TensorRT-able blocks of `gm` (in place) into submodules; say why the rest is not."""
+    """Fuse TensorRT-able blocks of `gm` (in place) into submodules; say why the rest is not.
+
+    `support`: another predicate (an OperatorSupportBase with a `reasons` dict, as
+    `TensorRTSupport`); export partitions for ONNX Runtime with it.
+    """
     compute = [n for n in gm.graph.nodes if is_compute(n)]
-    support = TensorRTSupport(options.torch_executed_ops)
+    if support is None:
+        support = TensorRTSupport(options.torch_executed_ops)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     kept: list[Partition] = []
     small_reasons: dict[fx.Node, str] = {}

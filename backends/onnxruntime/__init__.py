@@ -1,0 +1,163 @@
+"""onnxruntime: FX graph -> ONNX (weights as initializers) -> ONNX Runtime, zero-copy I/O.
+
+Export and session creation happen once per graph, at compile time. The compiled callable
+carries the ONNX bytes as `chain_payload` and providers, opset, initializer count and
+frozen inputs as `chain_details`. See `runtime` for what happens when frozen weights change.
+
+Options: `providers` (default: TensorRT EP and CUDA EP for CUDA inputs when installed, then
+CPU), `graph_optimization_level` (disable|basic|extended|all, default all),
+`intra_op_num_threads` (default: ORT's), `allow_spinning` (default False: see
+`session.session_options`), `on_weight_change` (reexport|raise, default reexport).
+Refused with `Unsupported`: autograd graphs (inputs that require grad under grad mode),
+non-tensor inputs/outputs, inputs on several devices, ops the exporter or ORT cannot take,
+dynamic shapes the exporter cannot express.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from backends.errors import Unsupported
+from backends.onnxruntime.export import OnnxGraph, export_onnx
+from backends.onnxruntime.runtime import (
+    Compiled,
+    FrozenWeightChanged,
+    OrtRunner,
+    OutputSpec,
+    snapshot_frozen,
+)
+from backends.onnxruntime.session import (
+    Provider,
+    available,
+    create_session,
+    default_providers,
+    provider_names,
+    session_options,
+    user_stream,
+)
+from backends.registry import register_backend
+
+OPTIONS = (
+    "providers",
+    "graph_optimization_level",
+    "intra_op_num_threads",
+    "allow_spinning",
+    "on_weight_change",
+)
+
+
+def _device_of(example_inputs: Sequence[object]) -> torch.device:
+    """The one device every tensor input lives on (cpu for a graph without tensors)."""
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise Unsupported(f"inputs on several devices: {sorted(map(str, devices))}")
+    return devices.pop() if devices else torch.device("cpu")
+
+
+def _output_nodes(gm: fx.GraphModule) -> tuple[list[object], bool]:
+    """The graph's outputs, flat, and whether it returns one bare value (not a tuple)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    if isinstance(out, tuple | list):
+        return list(out), False
+    return [out], True
+
+
+def _output_specs(outputs: Sequence[object]) -> list[OutputSpec]:
+    """Shape/dtype of each output from the graph's example values; raise on non-tensors."""
+    specs = []
+    for k, node in enumerate(outputs):
+        if isinstance(node, fx.Node):
+            value = node.meta.get("example_value", node.meta.get("val"))
+            if value is None:  # a graph traced without values: ORT allocates the output
+                specs.append(OutputSpec(None, None))
+                continue
+        else:
+            value = node
+        if not isinstance(value, torch.Tensor):
+            raise Unsupported(f"graph output {k} is a {type(value).__name__}, not a tensor")
+        static = all(isinstance(s, int) for s in value.shape)
+        specs.append(OutputSpec(tuple(value.shape) if static else None, value.dtype))
+    return specs
+
+
+def check_inference(example_inputs: Sequence[object]) -> None:
+    """Refuse autograd graphs: ORT computes no gradients, so outputs would lose grad_fn."""
+    if not torch.is_grad_enabled():
+        return
+    grads = [i for i, t in enumerate(example_inputs) if getattr(t, "requires_grad", False)]
+    if grads:
+        raise Unsupported(
+            f"training graph: {len(grads)} inputs require grad with grad mode on; "
+            "ONNX Runtime computes no gradients (run under torch.no_grad() or inference_mode())"
+        )
+
+
+def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> dict[str, Any]:
+    """JSON-able facts for the chain's report."""
+    return {
+        "providers": session.get_providers(),
+        "requested_providers": provider_names(providers),
+        "opset": graph.opset,
+        "initializers": graph.num_initializers,
+        "frozen_inputs": list(graph.frozen),
+        "graph_inputs": list(graph.input_names),
+        "derived_symints": list(graph.derived),
+        "dynamic_dims": {str(k): list(v) for k, v in graph.dynamic_dims.items()},
+        "decomposed": list(graph.decomposed),
+        "model_bytes": len(graph.model),
+    }
+
+
+@register_backend("onnxruntime", available=available, options=OPTIONS)
+def onnxruntime_backend(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    providers: Sequence[Provider] | None = None,
+    graph_optimization_level: str = "all",
+    intra_op_num_threads: int | None = None,
+    allow_spinning: bool = False,
+    on_weight_change: str = "reexport",
+) -> OrtRunner:
+    """Export the graph to ONNX once and run it with ONNX Runtime."""
+    options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+    check_inference(example_inputs)
+    device = _device_of(example_inputs)
+    outputs, single = _output_nodes(gm)
+    specs = _output_specs(outputs)
+    chosen = list(providers) if providers is not None else default_providers(device)
+
+    def build(inputs: Sequence[object]) -> Compiled:
+        graph = export_onnx(gm, inputs)
+        if len(graph.output_names) != len(specs):
+            raise Unsupported(
+                f"exported model has {len(graph.output_names)} outputs, graph has {len(specs)}"
+            )
+        session = create_session(graph.model, options, chosen)
+        return Compiled(graph, session, snapshot_frozen(graph, inputs))
+
+    compiled = build(example_inputs)
+    return OrtRunner(
+        compiled,
+        device=device,
+        outputs=specs,
+        single_output=single,
+        rebuild=build,
+        on_weight_change=on_weight_change,
+        details=details(compiled.graph, chosen, compiled.session),
+        stream=user_stream(chosen),
+    )
+
+
+__all__ = [
+    "OPTIONS",
+    "FrozenWeightChanged",
+    "OnnxGraph",
+    "OrtRunner",
+    "export_onnx",
+    "onnxruntime_backend",
+]

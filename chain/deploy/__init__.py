@@ -1,0 +1,29 @@
+"""Export: an ExportedProgram whose compiled parts carry their engines or ONNX models.
+
+`chain.export(model, args)` returns an `ExportResult` (`program, report = ...`);
+`torch.export.save` / `torch.export.load` round-trip the program in any process that
+imports `chain` (which registers the `backend_chain::run_payload` op).
+"""
+
+from chain.deploy.capture import CaptureError
+from chain.deploy.exporter import ExportError, ExportResult, export
+from chain.deploy.ops import cache_info, clear_cache, run_payload
+from chain.deploy.payload import Header, OutputSpec, PayloadError, pack, unpack
+from chain.deploy.runtimes import PayloadMismatch, RuntimeMissing
+
+__all__ = [
+    "CaptureError",
+    "ExportError",
+    "ExportResult",
+    "Header",
+    "OutputSpec",
+    "PayloadError",
+    "PayloadMismatch",
+    "RuntimeMissing",
+    "cache_info",
+    "clear_cache",
+    "export",
+    "pack",
+    "run_payload",
+    "unpack",
+]

@@ -1,0 +1,94 @@
+"""The custom op `backend_chain::run_payload`: a compiled part inside an ExportedProgram.
+
+`run_payload(inputs, payload, outputs) -> list[Tensor]`: `payload` is the uint8 tensor
+constant (see `payload.py`), `outputs` the JSON output specs the fake implementation
+reads (a fake payload tensor has no bytes to parse). Importing `chain` registers the op,
+which is what `torch.export.load` needs. Sessions and engines are built at the first run of
+a payload and cached per process, keyed by the body's SHA-256 and the device.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from chain.deploy.payload import Header, specs_from_str, tensor_bytes, unpack, verify_body
+from chain.deploy.runtimes import Runner, build_runner
+
+OP_NAME = "backend_chain::run_payload"
+
+_lock = threading.Lock()
+_runners: dict[tuple[str, str], Runner] = {}  # (sha256, device) -> runner
+_by_tensor: dict[tuple[int, str], tuple[weakref.ref[torch.Tensor], Runner]] = {}
+_stats = {"built": 0}
+
+
+def _device_of(inputs: Sequence[torch.Tensor]) -> torch.device:
+    return inputs[0].device if inputs else torch.device("cpu")
+
+
+def runner_for(payload: torch.Tensor, device: torch.device) -> Runner:
+    """The cached runner of `payload` on `device`; built (and checked) at the first call."""
+    key = (id(payload), str(device))
+    hit = _by_tensor.get(key)
+    if hit is not None and hit[0]() is payload:
+        return hit[1]
+    with _lock:
+        header, body = unpack(tensor_bytes(payload))
+        cache_key = (header.sha256, str(device))
+        runner = _runners.get(cache_key)
+        if runner is None:
+            verify_body(header, body)
+            runner = build_runner(header, bytes(body), device)
+            _runners[cache_key] = runner
+            _stats["built"] += 1
+        _by_tensor[key] = (weakref.ref(payload), runner)
+    return runner
+
+
+def preload(header: Header, body: bytes, device: torch.device) -> Runner:
+    """Build (or reuse) the runner of a payload being exported, so its first run is free."""
+    with _lock:
+        key = (header.sha256, str(device))
+        if key not in _runners:
+            _runners[key] = build_runner(header, body, device)
+            _stats["built"] += 1
+        return _runners[key]
+
+
+def cache_info() -> dict[str, int]:
+    """How many runners were built in this process and how many are cached (for tests)."""
+    return {"built": _stats["built"], "cached": len(_runners)}
+
+
+def clear_cache() -> None:
+    """Drop every cached session and engine (they are rebuilt at the next run)."""
+    with _lock:
+        _runners.clear()
+        _by_tensor.clear()
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def run_payload(
+    inputs: list[torch.Tensor], payload: torch.Tensor, outputs: str
+) -> list[torch.Tensor]:
+    """Run the compiled part in `payload` on `inputs`."""
+    results = runner_for(payload, _device_of(inputs))(inputs)
+    # custom ops may not return views of their inputs: ORT can hand back an input it
+    # passed through unchanged (identity), so such outputs are copied
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+    return [
+        r.clone() if r.numel() and r.untyped_storage().data_ptr() in seen else r for r in results
+    ]
+
+
+@run_payload.register_fake
+def _(inputs: list[torch.Tensor], payload: torch.Tensor, outputs: str) -> list[torch.Tensor]:
+    device = _device_of(inputs)
+    return [
+        torch.empty(spec.shape, dtype=spec.torch_dtype, device=device)
+        for spec in specs_from_str(outputs)
+    ]

@@ -1,0 +1,142 @@
+"""The payload of a compiled part: a self-describing byte string (header + model or engine).
+
+Layout: `MAGIC` (8 bytes), header length (4 bytes, little endian), header (UTF-8 JSON),
+body (the ONNX model or the serialized TensorRT engine). The header says what built the
+body (backend, its version, opset, GPU), the body's SHA-256 (the cache key of loaded
+sessions and engines, checked once at load), and the I/O names and output specs.
+In a program the payload is a uint8 tensor constant; `to_tensor` / `header_of` convert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+MAGIC = b"BCHAIN1\0"
+_PREFIX = len(MAGIC) + 4
+BACKENDS = ("onnxruntime", "tensorrt")
+
+
+class PayloadError(RuntimeError):
+    """A payload that cannot be read: not ours, truncated, or corrupted."""
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Shape and dtype of one output: what the fake implementation allocates."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without the "torch." prefix
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> OutputSpec:
+        return cls(tuple(int(s) for s in tensor.shape), str(tensor.dtype).removeprefix("torch."))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype = getattr(torch, self.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise PayloadError(f"unknown output dtype {self.dtype!r}")
+        return dtype
+
+
+def specs_to_str(specs: list[OutputSpec]) -> str:
+    """Output specs as the op's string argument (JSON)."""
+    return json.dumps([{"shape": list(s.shape), "dtype": s.dtype} for s in specs])
+
+
+def specs_from_str(text: str) -> list[OutputSpec]:
+    """Inverse of `specs_to_str`."""
+    return [OutputSpec(tuple(d["shape"]), d["dtype"]) for d in json.loads(text)]
+
+
+@dataclass(frozen=True)
+class Header:
+    """What built a payload and how to feed it."""
+
+    backend: str  # "onnxruntime" | "tensorrt"
+    version: str  # the backend's version at build time
+    sha256: str  # of the body
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    outputs: tuple[OutputSpec, ...]
+    opset: int | None = None  # ONNX opset of the model (the engine's ONNX for TensorRT)
+    device: str = "cpu"  # where it was built and verified: "cpu", "cuda"
+    gpu: str | None = None  # GPU name, for engines
+    compute_capability: str | None = None  # "9.0", for engines
+    torch: str = field(default_factory=lambda: str(torch.__version__))
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["outputs"] = [asdict(o) for o in self.outputs]
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Header:
+        data: dict[str, Any] = json.loads(text)
+        if data.get("backend") not in BACKENDS:
+            raise PayloadError(f"payload for unknown backend {data.get('backend')!r}")
+        data["input_names"] = tuple(data["input_names"])
+        data["output_names"] = tuple(data["output_names"])
+        data["outputs"] = tuple(OutputSpec(tuple(o["shape"]), o["dtype"]) for o in data["outputs"])
+        return cls(**data)
+
+    def describe(self) -> str:
+        """`tensorrt 10.3.0 on NVIDIA H100` / `onnxruntime 1.22.0 (opset 18)`: for errors."""
+        text = f"{self.backend} {self.version}"
+        if self.opset is not None and self.backend == "onnxruntime":
+            text += f" (opset {self.opset})"
+        if self.gpu:
+            text += f" on {self.gpu}"
+        return text
+
+
+def digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def pack(header: Header, body: bytes) -> bytes:
+    """MAGIC + length + header JSON + body."""
+    head = header.to_json().encode()
+    return MAGIC + struct.pack("<I", len(head)) + head + body
+
+
+def unpack(data: bytes | memoryview) -> tuple[Header, memoryview]:
+    """The header and a view of the body; checks the magic and the length, not the hash."""
+    view = memoryview(data)
+    if len(view) < _PREFIX or bytes(view[: len(MAGIC)]) != MAGIC:
+        raise PayloadError("not a backend-chain payload (bad magic): was the program modified?")
+    (length,) = struct.unpack("<I", view[len(MAGIC) : _PREFIX])
+    if len(view) < _PREFIX + length:
+        raise PayloadError(f"truncated payload: header of {length} bytes, {len(view)} in all")
+    header = Header.from_json(bytes(view[_PREFIX : _PREFIX + length]).decode())
+    return header, view[_PREFIX + length :]
+
+
+def verify_body(header: Header, body: memoryview) -> None:
+    """Raise PayloadError when the body's hash differs from the header's (corruption)."""
+    actual = digest(body)
+    if actual != header.sha256:
+        raise PayloadError(
+            f"{header.backend} payload corrupted: sha256 {actual[:12]}, "
+            f"header says {header.sha256[:12]}"
+        )
+
+
+def to_tensor(data: bytes) -> torch.Tensor:
+    """A uint8 CPU tensor holding `data` (owns a copy: bytes are immutable)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a uint8 payload tensor (copied to CPU if it was moved)."""
+    if tensor.dtype != torch.uint8 or tensor.dim() != 1:
+        raise PayloadError(
+            f"payload must be a 1-d uint8 tensor, got {tensor.dtype} {tensor.dim()}-d"
+        )
+    return memoryview(tensor.detach().cpu().contiguous().numpy())

@@ -1,0 +1,168 @@
+"""Replace compiled submodule calls of a graph module by `run_payload` op calls.
+
+The result is a new graph module (the given one is not touched): every other node is
+copied, parameters and buffers keep their kind and name, each payload is a plain uint8
+tensor attribute (which torch.export lifts as a constant), and PyTorch submodules stay
+calls that the final torch.export traces through (inlines).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from chain.deploy import ops  # noqa: F401  (registers backend_chain::run_payload)
+from chain.deploy.payload import Header, OutputSpec, pack, specs_to_str, to_tensor
+
+PAYLOAD_PREFIX = "_chain_payload_"
+
+
+@dataclass(frozen=True)
+class CompiledPart:
+    """One compiled submodule as a payload: which of its call's arguments feed it, in order."""
+
+    name: str
+    header: Header
+    body: bytes
+    input_positions: tuple[int, ...]
+    returns_tuple: bool
+    ops: int = 0
+
+    @property
+    def payload(self) -> bytes:
+        return pack(self.header, self.body)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able facts for the export result."""
+        return {
+            "name": self.name,
+            "backend": self.header.backend,
+            "built_by": self.header.describe(),
+            "ops": self.ops,
+            "payload_bytes": len(self.body),
+            "sha256": self.header.sha256[:16],
+        }
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a graph module in PyTorch; keeps arguments and outputs of chosen submodule calls."""
+
+    def __init__(self, gm: fx.GraphModule, targets: set[str]) -> None:
+        super().__init__(gm)
+        self.targets = targets
+        self.seen: dict[str, tuple[tuple[Any, ...], Any]] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.op == "call_module" and str(n.target) in self.targets:
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            self.seen[str(n.target)] = (tuple(args), out)
+        return out
+
+
+def record_calls(
+    gm: fx.GraphModule, inputs: Sequence[Any], targets: set[str]
+) -> dict[str, tuple[tuple[Any, ...], Any]]:
+    """Example arguments and outputs of the `targets` submodule calls, from one eager run."""
+    with torch.no_grad():
+        recorder = _Recorder(gm, targets)
+        recorder.run(*inputs)
+    return recorder.seen
+
+
+def output_specs(out: Any) -> tuple[list[torch.Tensor], bool]:
+    """A submodule's outputs as a flat list, and whether it returned a tuple."""
+    if isinstance(out, tuple | list):
+        return list(out), True
+    return [out], False
+
+
+def _fetch(module: torch.nn.Module, target: str) -> Any:
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _assign(root: torch.nn.Module, target: str, value: Any, buffers: set[str]) -> None:
+    """Set `target` (dotted) on `root`, creating submodules, keeping parameters and buffers."""
+    *path, leaf = target.split(".")
+    module = root
+    for part in path:
+        child = getattr(module, part, None)
+        if child is None:
+            child = torch.nn.Module()
+            module.add_module(part, child)
+        module = child
+    if isinstance(value, torch.nn.Module):
+        module.add_module(leaf, value)
+    elif isinstance(value, torch.nn.Parameter):
+        module.register_parameter(leaf, value)
+    elif target in buffers:
+        module.register_buffer(leaf, value)
+    else:
+        setattr(module, leaf, value)
+
+
+def stitch(gm: fx.GraphModule, parts: dict[str, CompiledPart]) -> fx.GraphModule:
+    """A copy of `gm` where the calls of `parts` (submodule names) run their payloads."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    root = torch.nn.Module()
+    buffers = {name for name, _ in gm.named_buffers()}
+    for node in gm.graph.nodes:
+        part = parts.get(str(node.target)) if node.op == "call_module" else None
+        if part is not None:
+            env[node] = _op_call(graph, root, node, part, env)
+            continue
+        if node.op == "output":
+            graph.output(fx.map_arg(node.args[0], lambda n: env[n]))
+            continue
+        env[node] = graph.node_copy(node, lambda n: env[n])
+        if node.op in ("get_attr", "call_module") and not hasattr(root, str(node.target)):
+            _assign(root, str(node.target), _fetch(gm, str(node.target)), buffers)
+    graph.lint()
+    stitched = fx.GraphModule(root, graph)
+    _unbuffer(stitched, root, buffers)
+    return stitched
+
+
+def _unbuffer(stitched: fx.GraphModule, root: torch.nn.Module, buffers: set[str]) -> None:
+    """fx registers every copied tensor as a buffer; constants (payloads) become plain again."""
+    for node in stitched.graph.nodes:
+        target = str(node.target)
+        if node.op != "get_attr" or target in buffers:
+            continue
+        value = _fetch(root, target)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            *path, leaf = target.split(".")
+            owner = stitched.get_submodule(".".join(path)) if path else stitched
+            owner._buffers.pop(leaf, None)
+            setattr(owner, leaf, value)
+
+
+def _op_call(
+    graph: fx.Graph,
+    root: torch.nn.Module,
+    node: fx.Node,
+    part: CompiledPart,
+    env: dict[fx.Node, fx.Node],
+) -> fx.Node:
+    """Payload constant + `run_payload` call; a single-output part is unwrapped by getitem."""
+    name = f"{PAYLOAD_PREFIX}{part.name.removeprefix('_')}"
+    setattr(root, name, to_tensor(part.payload))
+    args = [fx.map_arg(a, lambda n: env[n]) for a in node.args]
+    payload = graph.get_attr(name)
+    specs: list[OutputSpec] = list(part.header.outputs)
+    call = graph.call_function(
+        torch.ops.backend_chain.run_payload.default,
+        ([args[i] for i in part.input_positions], payload, specs_to_str(specs)),
+    )
+    if part.returns_tuple:
+        return call  # the partitioner already reads each output with getitem
+    return graph.call_function(operator.getitem, (call, 0))
