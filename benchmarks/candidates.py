@@ -39,7 +39,15 @@ def baseline() -> Candidate:
     return Candidate("eager", "eager", lambda model: Compiled(model))
 
 
-def backend_candidate(name: str) -> Candidate:
+Options = dict[str, dict[str, Any]]  # backend name -> its options
+
+
+def thread_options(threads: int | None) -> Options:
+    """`--threads` for the backends with their own thread pool, so the comparison is fair."""
+    return {"onnxruntime": {"intra_op_num_threads": threads}} if threads else {}
+
+
+def backend_candidate(name: str, options: Options | None = None) -> Candidate:
     """torch.compile with one registered backend, counting the graphs dynamo hands it."""
     label = "dynamo-eager" if name == "eager" else name
     if name not in backends.registry:  # not dynamo's namesake: its cudagraphs fakes wins on CPU
@@ -54,7 +62,7 @@ def backend_candidate(name: str) -> Candidate:
 
         def counting(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
             graphs.append(len(gm.graph.nodes))
-            return backend(gm, example_inputs)
+            return backend(gm, example_inputs, **(options or {}).get(name, {}))
 
         return Compiled(torch.compile(model, backend=counting), lambda: len(graphs))
 
@@ -72,7 +80,7 @@ def losses(graphs: Sequence[GraphRecord]) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
-def chain_candidate(names: Sequence[str], mode: str) -> Candidate:
+def chain_candidate(names: Sequence[str], mode: str, options: Options | None = None) -> Candidate:
     """torch.compile with `chain(*names, mode=mode)`; winners come from the chain's report.
 
     Names not registered on this checkout are left out of the chain, and the row says so.
@@ -83,10 +91,11 @@ def chain_candidate(names: Sequence[str], mode: str) -> Candidate:
     note = f"without {', '.join(missing)} (not registered)" if missing else ""
     if not present:
         return Candidate(label, "chain", None, "not_registered", note)
-    chain(*present, mode=mode)  # a bad chain fails here, once, not per model
+    opts = {k: v for k, v in (options or {}).items() if k in present}
+    chain(*present, mode=mode, options=opts)  # a bad chain fails here, once, not per model
 
     def make(model: nn.Module) -> Compiled:
-        backend = chain(*present, mode=mode)
+        backend = chain(*present, mode=mode, options=opts)
         return Compiled(
             torch.compile(model, backend=backend),
             lambda: len(backend.report.graphs),
@@ -98,8 +107,11 @@ def chain_candidate(names: Sequence[str], mode: str) -> Candidate:
 
 
 def build_candidates(
-    backend_list: Sequence[str], chains: Sequence[Sequence[str]], modes: Sequence[str] = MODES
+    backend_list: Sequence[str],
+    chains: Sequence[Sequence[str]],
+    modes: Sequence[str] = MODES,
+    options: Options | None = None,
 ) -> list[Candidate]:
     """Eager first (the baseline), then each backend, then each chain in each mode."""
-    out = [baseline()] + [backend_candidate(n) for n in backend_list]
-    return out + [chain_candidate(c, m) for c in chains for m in modes]
+    out = [baseline()] + [backend_candidate(n, options) for n in backend_list]
+    return out + [chain_candidate(c, m, options) for c in chains for m in modes]

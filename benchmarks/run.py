@@ -29,6 +29,7 @@ from benchmarks.candidates import (
     MODES,
     backend_names,
     build_candidates,
+    thread_options,
 )
 from benchmarks.harness import Result, Settings, bench_model, warm_dynamo
 from benchmarks.models import QUICK_MODELS, SUITE, default_models
@@ -106,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--repeats", type=positive(1), help="timed rounds (default 20; 5 with --quick)")
     p.add_argument("--warmup", type=positive(0), help="warm-up rounds (default 3; 1 with --quick)")
-    p.add_argument("--threads", type=positive(1), help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=positive(1),
+        help="CPU threads for torch and onnxruntime (default: theirs)",
+    )
     p.add_argument(
         "--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out/)"
     )
@@ -160,7 +165,8 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     settings = Settings(repeats=args.repeats, warmup=args.warmup)
-    candidates = build_candidates(args.backends, args.chains, args.modes)
+    options = thread_options(args.threads)
+    candidates = build_candidates(args.backends, args.chains, args.modes, options)
     rows: list[Result] = []
     columns = (
         TextColumn("{task.description}"),
@@ -192,6 +198,7 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
         "quick": args.quick,
         "models": args.models,
         "candidates": [c.label for c in candidates],
+        "options": options,
         "python": platform.python_version(),
         "load_before": round(load, 2),
         "load_after": round(os.getloadavg()[0], 2),

@@ -17,6 +17,7 @@ import torch
 import backends
 from backends.errors import Unsupported
 from benchmarks import run
+from benchmarks.candidates import backend_candidate, thread_options
 from benchmarks.harness import (
     Candidate,
     Compiled,
@@ -245,3 +246,20 @@ def test_script_and_chain_bench_entry_points_reject_bad_input(
         chain_main(["bench", "--backends", "inductr"])
     assert exit_info.value.code == 2
     assert "invalid backend: inductr; valid:" in capsys.readouterr().err
+
+
+def test_backend_options_reach_the_backend_and_threads_reach_onnxruntime() -> None:
+    seen: list[dict[str, Any]] = []
+    with backends.registry.snapshot() as reg:
+
+        @reg.register("probe", options=["intra_op_num_threads"])
+        def probe(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor], **opts: Any) -> Any:
+            seen.append(opts)
+            return gm.forward
+
+        cand = backend_candidate("probe", {"probe": {"intra_op_num_threads": 1}})
+        assert cand.make is not None
+        cand.make(Double()).fn(torch.ones(2))
+    assert seen == [{"intra_op_num_threads": 1}]
+    assert thread_options(2) == {"onnxruntime": {"intra_op_num_threads": 2}}
+    assert thread_options(None) == {}
