@@ -1,17 +1,17 @@
 """How close the onnxruntime backend gets to ONNX Runtime itself, per model family.
 
-Every variant runs one untimed call, then `--calls` timed ones, in turn, for `--rounds`
-rounds: interleaved against drift, warm against the previous variant's cache and ORT's
-spinning threads. `runner` is our compiled callable called without dynamo.
-
 For a ResNet-like CNN, a BERT-style encoder and a ViT-style model (random weights, built
 from code), the median latency of: eager; `torch.compile(m, backend="eager")` (the fixed
 cost every dynamo backend pays per call); `torch.compile(m, backend=<our ORT backend>)`;
-the chain `chain("onnxruntime", "eager")` when the chain package is present; and ONNX
-Runtime on the model exported directly with `torch.onnx.export`, same session options.
-All variants are timed interleaved, round by round, in one process.
+`runner` (our compiled callable called without dynamo); the chain
+`chain("onnxruntime", "eager")`; and ONNX Runtime on the model exported directly with
+`torch.onnx.export`, with the same session options.
 
-    python benchmarks/ort_overhead.py [--rounds 30] [--threads N]
+All variants run in one process, interleaved: each round, every variant makes one untimed
+call (so it is not charged for the previous variant's cache or threads), then `--calls`
+timed calls; the table shows the median over `--rounds` rounds.
+
+    python benchmarks/ort_overhead.py [--rounds 40] [--calls 5] [--threads N] [--spin]
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--save", metavar="FILE", help="also save the report as JSON")
     args = parser.parse_args(argv)
 
-    console = Console()
+    console = Console(width=max(120, Console().width))
     torch.manual_seed(0)
     model = TinyResNet().eval()
     x = torch.randn(8, 3, 32, 32)

@@ -1,14 +1,7 @@
-"""Block -> ONNX, through the same exporter as the ORT backend (`torch.onnx.export(dynamo=True)`).
-
-A thin adapter: once `backends/onnxruntime/export.py` (`export_onnx`) is on main, this calls
-it instead, so the model TensorRT parses is the one ORT verifies on CPU.
-"""
+"""Block -> ONNX through the ORT backend's exporter, so TensorRT parses what ORT verifies."""
 
 from __future__ import annotations
 
-import logging
-import traceback
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,8 +9,7 @@ import torch
 from torch import fx
 
 from backends.errors import Unsupported
-
-logger = logging.getLogger(__name__)
+from backends.onnxruntime.export import export_onnx
 
 
 @dataclass(frozen=True)
@@ -30,23 +22,17 @@ class OnnxModel:
 
 
 def export_block(block: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> OnnxModel:
-    """Export one TensorRT block (weights as initializers); failures become Unsupported."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    """Export one TensorRT block; its weights are buffers already, so they become initializers.
 
+    Every block input must stay an ONNX input (the engine binds them by position).
+    """
     try:
-        with unset_fake_temporarily(), torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                block, tuple(example_inputs), dynamo=True, optimize=True, verbose=False
-            )
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        graph = export_onnx(block, list(example_inputs), freeze=())
+    except Unsupported as e:
+        raise Unsupported(f"ONNX export of a TensorRT block failed: {e.reason}", e.detail) from e
+    if graph.input_positions != tuple(range(len(example_inputs))):
         raise Unsupported(
-            f"ONNX export of a TensorRT block failed: {first}", detail=traceback.format_exc()
-        ) from e
-    proto = program.model_proto
-    return OnnxModel(
-        data=proto.SerializeToString(),
-        input_names=tuple(i.name for i in proto.graph.input),
-        output_names=tuple(o.name for o in proto.graph.output),
-    )
+            f"ONNX export of a TensorRT block dropped inputs: kept {graph.input_positions} "
+            f"of {len(example_inputs)}"
+        )
+    return OnnxModel(graph.model, graph.input_names, graph.output_names)
