@@ -77,24 +77,13 @@ def onnxruntime_whole(
     gm: fx.GraphModule, runner: Any, flat_inputs: Sequence[Any]
 ) -> tuple[fx.GraphModule, dict] | None:
     """The ORT backend's whole-graph model as one part; None when it froze or derived inputs."""
-    from chain.deploy.partition import onnxruntime_version
-
     graph = getattr(runner, "graph", None)
     if graph is None or graph.frozen or graph.derived or graph.scalars:
         return None
     with torch.no_grad():
         outputs, _ = output_specs(gm(*flat_inputs))
     device = next((t.device for t in flat_inputs if isinstance(t, torch.Tensor)), None)
-    header = Header(
-        backend="onnxruntime",
-        version=onnxruntime_version(),
-        sha256=digest(graph.model),
-        input_names=graph.input_names,
-        output_names=graph.output_names,
-        outputs=tuple(OutputSpec.of(t) for t in outputs),
-        opset=graph.opset,
-        device=device.type if device is not None else "cpu",
-    )
+    header = Header.for_onnx(graph, outputs, device.type if device is not None else "cpu")
     part = CompiledPart(
         name=WHOLE,
         header=header,

@@ -17,13 +17,12 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.passes.operator_support import OperatorSupportBase
 
 from backends.errors import Unsupported
 from backends.tensorrt.aten import op_histogram, op_name
 from backends.tensorrt.partitioning import PartitionOptions, PartitionResult, partition
-from backends.tensorrt.partitioning.partitioner import is_excluded
-from chain.deploy.payload import Header, OutputSpec, digest
+from backends.tensorrt.partitioning.partitioner import ReasonedSupport, is_excluded
+from chain.deploy.payload import Header
 from chain.deploy.stitch import CompiledPart, output_specs, record_calls
 from chain.verify import compare
 
@@ -57,27 +56,9 @@ def ort_reason(node: fx.Node, excluded: frozenset[str] = frozenset()) -> str | N
     return NO_TRANSLATION
 
 
-class OrtSupport(OperatorSupportBase):
-    """The ONNX exporter's op coverage as a partitioner predicate; keeps each refusal's reason."""
-
-    def __init__(self, excluded: frozenset[str]) -> None:
-        super().__init__()
-        self.excluded = excluded
-        self.reasons: dict[fx.Node, str] = {}
-
-    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
-        if node.op != "call_function":
-            return False
-        reason = ort_reason(node, self.excluded)
-        if reason is not None:
-            self.reasons[node] = reason
-        return reason is None
-
-
-def onnxruntime_version() -> str:
-    import onnxruntime
-
-    return str(onnxruntime.__version__)
+def ort_support(excluded: frozenset[str]) -> ReasonedSupport:
+    """The ONNX exporter's op coverage as a partitioner predicate."""
+    return ReasonedSupport(lambda node: ort_reason(node, excluded))
 
 
 def ort_parts(
@@ -92,7 +73,7 @@ def ort_parts(
         min_block_size=min_block_size, torch_executed_ops=frozenset(torch_executed_ops)
     )
     split, result = partition(
-        copy.deepcopy(gm), options, support=OrtSupport(options.torch_executed_ops)
+        copy.deepcopy(gm), options, support=ort_support(options.torch_executed_ops)
     )
     calls = record_calls(split, flat_inputs, set(result.engines))
     parts: dict[str, CompiledPart] = {}
@@ -123,16 +104,7 @@ def compile_part(name: str, block: fx.GraphModule, args: tuple[Any, ...], out: A
     if graph.derived or graph.scalars:
         raise Unsupported("part reads sizes or module scalars from its inputs")
     device = args[graph.input_positions[0]].device if graph.input_positions else outputs[0].device
-    header = Header(
-        backend="onnxruntime",
-        version=onnxruntime_version(),
-        sha256=digest(graph.model),
-        input_names=graph.input_names,
-        output_names=graph.output_names,
-        outputs=tuple(OutputSpec.of(t) for t in outputs),
-        opset=graph.opset,
-        device=device.type,
-    )
+    header = Header.for_onnx(graph, outputs, device.type)
     runner = ops.preload(header, graph.model, device)
     actual = runner([args[i] for i in graph.input_positions])
     verdict = compare(tuple(outputs), tuple(actual))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,6 +71,22 @@ class Header:
     gpu: str | None = None  # GPU name, for engines
     compute_capability: str | None = None  # "9.0", for engines
     torch: str = field(default_factory=lambda: str(torch.__version__))
+
+    @classmethod
+    def for_onnx(cls, graph: Any, outputs: Sequence[torch.Tensor], device: str) -> Header:
+        """The header of an ONNX model (an `OnnxGraph`) run by this onnxruntime."""
+        import onnxruntime
+
+        return cls(
+            backend="onnxruntime",
+            version=str(onnxruntime.__version__),
+            sha256=digest(graph.model),
+            input_names=graph.input_names,
+            output_names=graph.output_names,
+            outputs=tuple(OutputSpec.of(t) for t in outputs),
+            opset=graph.opset,
+            device=device,
+        )
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -9,7 +9,7 @@ PyTorch gets a reason; the result groups them by op for the report.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,21 +58,26 @@ class PartitionResult:
         }
 
 
-class TensorRTSupport(OperatorSupportBase):
-    """Operator support from the table, minus excluded ops; remembers each refusal's reason."""
+class ReasonedSupport(OperatorSupportBase):
+    """A partitioner predicate from `reason(node) -> str | None`; remembers each refusal."""
 
-    def __init__(self, excluded: frozenset[str]) -> None:
+    def __init__(self, reason: Callable[[fx.Node], str | None]) -> None:
         super().__init__()
-        self.excluded = excluded
+        self.reason = reason
         self.reasons: dict[fx.Node, str] = {}
 
     def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
         if node.op != "call_function":
             return False
-        reason = EXCLUDED if is_excluded(node, self.excluded) else check(node)
+        reason = self.reason(node)
         if reason is not None:
             self.reasons[node] = reason
         return reason is None
+
+
+def tensorrt_support(excluded: frozenset[str]) -> ReasonedSupport:
+    """Operator support from the table, minus the ops the user keeps in PyTorch."""
+    return ReasonedSupport(lambda node: EXCLUDED if is_excluded(node, excluded) else check(node))
 
 
 def is_excluded(node: fx.Node, excluded: frozenset[str]) -> bool:
@@ -88,16 +93,16 @@ def is_compute(node: fx.Node) -> bool:
 
 
 def partition(
-    gm: fx.GraphModule, options: PartitionOptions, support: Any = None
+    gm: fx.GraphModule, options: PartitionOptions, support: ReasonedSupport | None = None
 ) -> tuple[fx.GraphModule, PartitionResult]:
     """Fuse TensorRT-able blocks of `gm` (in place) into submodules; say why the rest is not.
 
-    `support`: another predicate (an OperatorSupportBase with a `reasons` dict, as
-    `TensorRTSupport`); export partitions for ONNX Runtime with it.
+    `support`: another predicate (default: `tensorrt_support`); export partitions for
+    ONNX Runtime with it.
     """
     compute = [n for n in gm.graph.nodes if is_compute(n)]
     if support is None:
-        support = TensorRTSupport(options.torch_executed_ops)
+        support = tensorrt_support(options.torch_executed_ops)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     kept: list[Partition] = []
     small_reasons: dict[fx.Node, str] = {}
