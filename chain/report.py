@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from chain.records import FAILURES, GraphRecord, Status
 
@@ -170,7 +171,7 @@ class Report:
         for h in self.GRAPH_HEADERS:
             graphs.add_column(h, overflow="fold", no_wrap=h in ("graph", "nodes", "eager ms"))
         for row in self.graph_rows():
-            graphs.add_row(*row)
+            graphs.add_row(*(Text(c) for c in row))  # text, not rich markup: '[gpu]' stays
         attempts = Table(
             title="attempts",
             title_justify="left",
@@ -192,7 +193,7 @@ class Report:
             Status.UNAVAILABLE.value: "dim",
         }
         for row in self.rows(failures_only):
-            attempts.add_row(*row, style=styles.get(row[2], "red"))
+            attempts.add_row(*(Text(c) for c in row), style=styles.get(row[2], "red"))
         return Group(graphs, attempts)
 
     def render(self, failures_only: bool = False, width: int = 120) -> str:

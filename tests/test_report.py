@@ -192,3 +192,19 @@ def test_torch_compile_chain_rejects_unknown_options() -> None:
     model, args = build("mlp")
     with pytest.raises(Exception, match="unknown chain option"):
         torch.compile(model, backend="chain", options={"colour": "blue"})(*args)
+
+
+def test_table_prints_brackets_literally() -> None:
+    from chain.records import Attempt, GraphRecord
+
+    record = GraphRecord(
+        id=0,
+        fingerprint="f",
+        origin="o",
+        num_nodes=1,
+        ops={},
+        inputs=[],
+        winner=None,
+        attempts=(Attempt("tensorrt", Status.UNAVAILABLE, "pip install 'backend-chain[gpu]'"),),
+    )
+    assert "pip install 'backend-chain[gpu]'" in Report([record]).render(width=200)
