@@ -246,8 +246,17 @@ def test_random_graphs_are_not_verified() -> None:
     torch.compile(fn, backend=backend)(torch.zeros(3))
     graph = backend.report.graphs[0]
     assert graph.winner == "wrong_numbers"
-    assert graph.attempts[0].reason == "not verified: the graph has random ops"
-    assert any("random ops" in n for n in graph.notes)
+    assert graph.attempts[0].reason == "not verified: random ops (torch.rand_like)"
+    assert graph.notes == ("not verified: random ops (torch.rand_like)",)
+
+
+def test_verify_false_runs_unverified_and_says_so() -> None:
+    model, args = build("mlp")
+    backend = chain(faults.wrong_numbers, "eager", verify=False, measure=False)
+    torch.compile(model, backend=backend)(*args)
+    graph = backend.report.graphs[0]
+    assert graph.winner == "wrong_numbers"
+    assert graph.attempts[0].reason == "not verified: verify=False"
 
 
 def test_options_reach_the_backend() -> None:
