@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -73,17 +74,25 @@ def _compile(
     options: dict[str, Any],
     timeout_s: float | None,
 ) -> Callable[..., Any]:
+    """Call the backend; with a timeout, in a daemon thread that is abandoned if it hangs."""
     if timeout_s is None:
         return backend(gm, inputs, **options)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"compile-{backend.name}")
+    future: concurrent.futures.Future[Callable[..., Any]] = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result(backend(gm, inputs, **options))
+        except BaseException as exc:  # handed to the caller through the future
+            future.set_exception(exc)
+
+    # a daemon thread: a hung compile must not keep the process alive at exit
+    threading.Thread(target=work, name=f"compile-{backend.name}", daemon=True).start()
     try:
-        return pool.submit(backend, gm, inputs, **options).result(timeout=timeout_s)
+        return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
         raise CompileTimeout(
             f"no result after {timeout_s:g}s (compile_timeout_s); the compile thread is abandoned"
         ) from None
-    finally:
-        pool.shutdown(wait=False)
 
 
 def failed_attempt(
