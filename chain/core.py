@@ -197,6 +197,7 @@ class Chain:
         passed: dict[str, Callable[..., Any]] = {}
         slow: dict[str, Callable[..., Any]] = {}
         eager_ms: float | None = None
+        shape = graphinfo.fingerprint(gm, inputs)
         for backend in self.backends[start:]:
             if passed and self.mode == "first":
                 attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
@@ -211,6 +212,16 @@ class Chain:
                 timeout_s=self.compile_timeout_s,
                 strict=self.strict,
             )
+            if graphinfo.fingerprint(gm, inputs) != shape:  # the contract: gm is read-only
+                shape = graphinfo.fingerprint(gm, inputs)
+                attempt = dataclasses.replace(
+                    attempt,
+                    status=Status.COMPILE_ERROR,
+                    error_type="ContractViolation",
+                    reason="mutated the graph module it was given (backends must not); "
+                    "later backends see the changed graph",
+                )
+                fn = None
             if fn is not None and self.measure and self.mode == "first":
                 # timed at once: a candidate that fails while timed leaves room for the next
                 [attempt], eager_ms = self._measure(

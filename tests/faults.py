@@ -90,3 +90,13 @@ class BreaksLater:
             return gm(*args)
 
         return run
+
+
+def mutates_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Breaks the contract: rewrites the graph it was given (every output doubled)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(output):
+        doubled = [gm.graph.call_function(torch.mul, (o, 2)) for o in output.args[0]]
+    output.args = (tuple(doubled),)
+    gm.recompile()
+    return gm.forward

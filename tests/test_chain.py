@@ -292,3 +292,16 @@ def test_bad_input_fails_at_chain_time(make: object, error: str, match: str) -> 
 
 def test_chain_is_printable() -> None:
     assert repr(Chain("inductor", "eager")) == "chain('inductor', 'eager', mode='first')"
+
+
+def test_a_backend_that_mutates_the_graph_is_blamed() -> None:
+    """The contract breaker is named; eager then sees the changed graph and fails
+    verification against the original outputs, so nothing wrong is ever returned."""
+    model, args = build("mlp")
+    backend = chain(faults.mutates_graph, "eager", measure=False)
+    with pytest.raises(Exception, match="every backend failed"):
+        torch.compile(model, backend=backend)(*args)
+    first, second = backend.report.graphs[0].attempts
+    assert (first.status, first.error_type) == (Status.COMPILE_ERROR, "ContractViolation")
+    assert "mutated the graph module it was given" in first.reason
+    assert second.status is Status.MISMATCH
