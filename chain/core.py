@@ -212,8 +212,9 @@ class Chain:
                 timeout_s=self.compile_timeout_s,
                 strict=self.strict,
             )
-            if graphinfo.fingerprint(gm, inputs) != shape:  # the contract: gm is read-only
-                shape = graphinfo.fingerprint(gm, inputs)
+            now = graphinfo.fingerprint(gm, inputs)
+            if now != shape:  # the contract: the gm is read-only
+                shape = now
                 attempt = dataclasses.replace(
                     attempt,
                     status=Status.COMPILE_ERROR,
