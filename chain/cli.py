@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from chain.records import FAILURES
 from chain.report import Report, ReportError
 
 
@@ -21,11 +22,9 @@ def _report(args: argparse.Namespace) -> int:
     if args.format == "json":
         data = report.to_dict()
         if args.failures:
-            data = Report([g for g in report.graphs]).to_dict()
+            failures = {s.value for s in FAILURES}
             for g in data["graphs"]:
-                g["attempts"] = [
-                    a for a in g["attempts"] if a["status"] not in ("won", "not_tried", "slower")
-                ]
+                g["attempts"] = [a for a in g["attempts"] if a["status"] in failures]
         print(json.dumps(data, indent=2))
     elif args.format == "markdown":
         print(report.to_markdown(args.failures), end="")
