@@ -3,7 +3,7 @@
 Built on dynamo's `cudagraphs` backend (aot_autograd + cudagraph trees), not a capture
 loop of our own. What this module adds is honesty about when it cannot be used:
 
-- Preconditions first (`backends.cudagraph_preconditions.check_preconditions`, pure and
+- Preconditions first (`backends.common.cudagraph_preconditions.check_preconditions`, pure and
   CPU-testable): input mutation, data-dependent ops, RNG, dynamic shapes, training
   graphs (grad mode on and inputs that require grad), devices.
   A failure is `Unsupported(reason)` before torch is asked at all.
@@ -42,7 +42,7 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from backends.cudagraph_preconditions import check_preconditions
+from backends.common.cudagraph_preconditions import check_preconditions
 from backends.errors import Unsupported
 from backends.registry import register_backend
 

@@ -35,7 +35,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends import lookup_backend
-from backends.onnxruntime.export import quiet
+from backends.common.onnx_export import quiet
 from backends.onnxruntime.session import session_options
 
 

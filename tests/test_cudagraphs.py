@@ -12,7 +12,7 @@ from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from backends import Unsupported, lookup_backend
-from backends.cudagraph_preconditions import check_preconditions
+from backends.common.cudagraph_preconditions import check_preconditions
 from backends.cudagraphs import (
     clone_outputs,
     compile_with_torch,

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.errors import Unsupported
-from backends.onnxruntime.export import OnnxGraph, export_onnx
 from backends.onnxruntime.runtime import (
     Compiled,
     FrozenWeightChanged,

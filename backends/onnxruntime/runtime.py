@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from backends.onnxruntime.export import OnnxGraph
+from backends.common.onnx_export import OnnxGraph
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ def _onnx_ops() -> tuple[Any, frozenset[Any]]:
     """The exporter's registry of translated ops and the decompositions it applies first."""
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 
-    from backends.onnxruntime.export import quiet
+    from backends.common.onnx_export import quiet
 
     with quiet():
         registry = ONNXRegistry.from_torchlib()

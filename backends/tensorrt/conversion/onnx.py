@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from backends.common.onnx_export import export_onnx
 from backends.errors import Unsupported
-from backends.onnxruntime.export import export_onnx
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import fx
 
-from backends.errors import Unsupported
-from backends.onnxruntime.prepare import (
+from backends.common.onnx_prepare import (
     PreparedGraph,
     freeze_positions,
     module_scalars,
     prepare_graph,
     symbolic_dims,
 )
+from backends.errors import Unsupported
 
 if TYPE_CHECKING:
     import onnx
