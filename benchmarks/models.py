@@ -205,6 +205,23 @@ def _transformers_reason() -> str | None:
     return None
 
 
+class TensorOutputs(nn.Module):
+    """A transformers model whose output is its tensors (a tuple), not a `ModelOutput`.
+
+    transformers 5 returns dataclass-like `ModelOutput`s; the harness, `verify.compare`
+    and ONNX export want tensors. `to_tuple()` keeps the fields that are set, in order.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        out = self.model(*args)
+        leaves = tuple(out.to_tuple()) if hasattr(out, "to_tuple") else tuple(out)
+        return leaves[0] if len(leaves) == 1 else leaves
+
+
 def build_hf_bert(batch: int, tiny: bool) -> tuple[nn.Module, Inputs]:
     from transformers import BertConfig, BertModel
 
@@ -213,7 +230,7 @@ def build_hf_bert(batch: int, tiny: bool) -> tuple[nn.Module, Inputs]:
         vocab_size=1000, hidden_size=dim, num_hidden_layers=layers, num_attention_heads=4,
         intermediate_size=4 * dim, max_position_embeddings=seq,
     )  # fmt: skip
-    return BertModel(config), (
+    return TensorOutputs(BertModel(config)), (
         _ids(batch, seq, 1000),
         torch.ones(batch, seq, dtype=torch.long),
     )
@@ -224,9 +241,16 @@ def build_hf_gpt2(batch: int, tiny: bool) -> tuple[nn.Module, Inputs]:
 
     dim, layers, seq = (32, 1, 16) if tiny else (128, 2, 64)
     config = GPT2Config(
-        vocab_size=1000, n_embd=dim, n_layer=layers, n_head=4, n_positions=seq, use_cache=False
+        vocab_size=1000,
+        n_embd=dim,
+        n_layer=layers,
+        n_head=4,
+        n_positions=seq,
+        use_cache=False,
+        bos_token_id=999,
+        eos_token_id=999,
     )
-    return GPT2LMHeadModel(config), (_ids(batch, seq, 1000),)
+    return TensorOutputs(GPT2LMHeadModel(config)), (_ids(batch, seq, 1000),)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Markers `cuda` and `tensorrt`, defined once: tests carrying them skip with the reason."""
+"""Markers `cuda`, `ort_cuda` and `tensorrt`, defined once: tests carrying them skip with
+the reason."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ def _cuda_reason() -> str | None:
     return None
 
 
+def _ort_cuda_reason() -> str | None:
+    """Why ONNX Runtime cannot run on CUDA here: no device, or a build without the CUDA EP."""
+    no_device = _cuda_reason()
+    if no_device:
+        return no_device
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return (
+            "this onnxruntime has no CUDAExecutionProvider "
+            f"({', '.join(onnxruntime.get_available_providers())}): "
+            "pip install 'backend-chain[gpu]'"
+        )
+    return None
+
+
 def _tensorrt_reason() -> str | None:
     if importlib.util.find_spec("tensorrt") is None:
         return "tensorrt is not installed: pip install 'backend-chain[gpu]'"
@@ -21,7 +38,7 @@ def _tensorrt_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reasons = {"cuda": _cuda_reason, "tensorrt": _tensorrt_reason}
+    reasons = {"cuda": _cuda_reason, "ort_cuda": _ort_cuda_reason, "tensorrt": _tensorrt_reason}
     cache: dict[str, str | None] = {}
     for item in items:
         for marker, probe in reasons.items():

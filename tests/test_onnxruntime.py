@@ -187,7 +187,7 @@ def test_exporter_console_output_is_silenced(capfd: pytest.CaptureFixture[str]) 
     assert "torch.onnx" not in out + err and "torchvision" not in err, out + err
 
 
-@pytest.mark.cuda
+@pytest.mark.ort_cuda
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
 def test_cuda_parity_through_iobinding(name: str) -> None:
     model, args = build(name)
@@ -198,3 +198,22 @@ def test_cuda_parity_through_iobinding(name: str) -> None:
         torch.testing.assert_close(out, model(*args), rtol=1e-3, atol=1e-3)
     assert run.runners and "CUDAExecutionProvider" in run.runners[0].chain_details["providers"]
     assert out.device.type == "cuda"
+
+
+def test_cuda_parity_skips_with_its_reason_without_the_cuda_provider(
+    request: pytest.FixtureRequest,
+) -> None:
+    """On a GPU machine whose onnxruntime is the CPU build, the CUDA test skips, not fails."""
+    import onnxruntime
+
+    from tests.conftest import _ort_cuda_reason
+
+    item = next(
+        i for i in request.session.items if i.name.startswith("test_cuda_parity_through_iobinding")
+    )
+    reason = _ort_cuda_reason()
+    cuda_ep = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert (reason is None) == (torch.cuda.is_available() and cuda_ep)
+    if reason is not None:
+        skips = [m.kwargs.get("reason") for m in item.iter_markers("skip")]
+        assert skips == [reason]
