@@ -32,9 +32,13 @@ def _ort_cuda_reason() -> str | None:
 
 
 def _tensorrt_reason() -> str | None:
+    """The device first: without one, installing TensorRT cannot help."""
+    no_device = _cuda_reason()
+    if no_device:
+        return no_device
     if importlib.util.find_spec("tensorrt") is None:
         return "tensorrt is not installed: pip install 'backend-chain[gpu]'"
-    return _cuda_reason()
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,15 +15,18 @@ NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 
 
 def available() -> str | None:
-    """None when TensorRT imports and a CUDA device is present, else the precise reason."""
+    """None when a CUDA device is present and TensorRT imports, else the precise reason.
+
+    The device comes first: on a machine without one, installing TensorRT cannot help.
+    """
+    if not torch.cuda.is_available():
+        return NO_CUDA
     if importlib.util.find_spec("tensorrt") is None:
         return NOT_INSTALLED
     try:
         import tensorrt  # noqa: F401
     except (ImportError, OSError) as e:
         return f"tensorrt is installed but does not import: {e}"
-    if not torch.cuda.is_available():
-        return NO_CUDA
     return None
 
 

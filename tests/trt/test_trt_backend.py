@@ -16,7 +16,12 @@ import backends
 from backends.errors import InvalidOption, Unsupported
 from backends.tensorrt import available
 from backends.tensorrt.aten import to_aten
-from backends.tensorrt.availability import NOT_INSTALLED, check_devices, check_inference_graph
+from backends.tensorrt.availability import (
+    NO_CUDA,
+    NOT_INSTALLED,
+    check_devices,
+    check_inference_graph,
+)
 from backends.tensorrt.settings import Settings
 from chain import Status, chain
 from tests.helpers import compile_and_check
@@ -28,14 +33,26 @@ needs_no_tensorrt = pytest.mark.skipif(
 )
 
 
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+HERE = NO_CUDA if not torch.cuda.is_available() else NOT_INSTALLED  # why not, on this machine
+
+
+@needs_no_cuda
+def test_without_a_device_the_reason_is_the_device_not_the_package() -> None:
+    assert available() == NO_CUDA == "no CUDA device (torch.cuda.is_available() is False)"
+    assert backends.lookup_backend("tensorrt").available() == NO_CUDA
+
+
 @needs_no_tensorrt
-def test_available_names_the_missing_package() -> None:
+def test_with_a_device_and_no_package_the_reason_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the decision, not a GPU
     assert (
         available()
         == NOT_INSTALLED
         == "tensorrt is not installed: pip install 'backend-chain[gpu]'"
     )
-    assert backends.lookup_backend("tensorrt").available() == NOT_INSTALLED
 
 
 @needs_no_tensorrt
@@ -43,7 +60,7 @@ def test_direct_call_without_tensorrt_is_unsupported_with_reason() -> None:
     gm, inputs, _ = dynamo_graph("mlp")
     with torch.no_grad(), pytest.raises(Unsupported) as info:
         backends.lookup_backend("tensorrt")(gm, inputs)
-    assert info.value.reason == NOT_INSTALLED
+    assert info.value.reason == HERE
 
 
 def test_training_graph_is_unsupported() -> None:
@@ -90,7 +107,7 @@ def test_chain_records_unavailable_and_runs_eager(name: str) -> None:
     assert (first.backend, first.status, first.reason) == (
         "tensorrt",
         Status.UNAVAILABLE,
-        NOT_INSTALLED,
+        HERE,
     )
     assert (second.backend, second.status) == ("eager", Status.WON)
     assert record.winner == "eager"
