@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
-import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from chain.records import FAILURES, GraphRecord, Status
+
+log = logging.getLogger("chain")
 
 VERSION = 1
 _NUMERIC = frozenset({"compile s", "latency ms", "speedup", "max err"})
@@ -61,19 +64,27 @@ class Report:
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write JSON atomically: a crash leaves the old file or the new one, never half."""
+        """Write JSON atomically: a crash leaves the old file or the new one, never half.
+
+        The file gets the usual permissions (0666 less the umask, as `open()` gives). A
+        missing directory is created, and a warning on the `chain` logger names it.
+        """
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.parent.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            log.warning("Report.save: created the missing directory %s", target.parent)
         text = json.dumps(self.to_dict(), indent=2, default=str)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         try:
+            # os.open applies the umask to 0o666 (tempfile.mkstemp would force 0600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         return target
 

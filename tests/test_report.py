@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +97,28 @@ def test_save_is_atomic(report: Report, tmp_path: Path, monkeypatch: pytest.Monk
         report.save(target)
     assert target.read_text() == "old"
     assert list(tmp_path.iterdir()) == [target]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_save_writes_with_the_umask(report: Report, tmp_path: Path, umask: int, mode: int) -> None:
+    old = os.umask(umask)
+    try:
+        path = report.save(tmp_path / "r.json")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+def test_save_says_when_it_creates_a_directory(
+    report: Report, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = tmp_path / "new" / "deeper" / "r.json"
+    with caplog.at_level(logging.WARNING, logger="chain"):
+        report.save(target)
+        report.save(target)  # the directory exists now: nothing more to say
+    created = [r.getMessage() for r in caplog.records if "created" in r.getMessage()]
+    assert created == [f"Report.save: created the missing directory {target.parent}"]
+    assert Report.load(target).graphs == report.graphs
 
 
 def test_table_and_markdown_show_every_attempt(report: Report) -> None:
