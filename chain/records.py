@@ -34,6 +34,16 @@ FAILURES = frozenset(
 )
 
 
+_NUMBERS = ("compile_s", "latency_ms", "speedup", "max_abs_err")
+
+
+def number(value: Any, what: str) -> float | None:
+    """`value` as read from JSON if it is a number or null; TypeError naming `what` if not."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    raise TypeError(f"{what} should be a number or null, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One backend tried on one graph: its status, why, and what it cost and gained."""
@@ -57,9 +67,12 @@ class Attempt:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
+        """The attempt `to_dict` wrote; a field of the wrong type is a TypeError naming it."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["status"] = Status(data["status"])
+        for name in _NUMBERS:
+            kwargs[name] = number(kwargs.get(name), f"attempt {data.get('backend')!r}: {name}")
         return cls(**kwargs)
 
     def __str__(self) -> str:
@@ -115,7 +128,7 @@ class GraphRecord:
             inputs=list(data["inputs"]),
             attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
             winner=data["winner"],
-            eager_ms=data.get("eager_ms"),
+            eager_ms=number(data.get("eager_ms"), f"graph {data['id']}: eager_ms"),
             notes=tuple(data.get("notes", ())),
         )
 

@@ -38,6 +38,17 @@ REQUIRED_ATTEMPT_KEYS = {
     "max_abs_err",
 }
 
+STRING_SPEEDUP = json.dumps(
+    {
+        "version": 1,
+        "graphs": [
+            {"id": 0, "fingerprint": "f", "origin": "o", "num_nodes": 1, "ops": {}, "inputs": [],
+             "winner": "eager",
+             "attempts": [{"backend": "eager", "status": "won", "speedup": "1.2"}]}
+        ],
+    }
+)  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def report() -> Report:
@@ -149,6 +160,7 @@ def test_cli_prints_the_saved_report(report: Report, tmp_path: Path) -> None:
         ('{"hello": 1}', "not a backend-chain report"),
         ('{"version": 1, "graphs": [{"id": 0}]}', "malformed graph record: KeyError"),
         ('{"version": 99, "graphs": []}', "report version 99"),
+        (STRING_SPEEDUP, "attempt 'eager': speedup should be a number or null, got '1.2'"),
     ],
 )
 def test_cli_rejects_bad_files_in_one_line(tmp_path: Path, content: str, message: str) -> None:
