@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx
 
-from backends.errors import InvalidBackend, InvalidOption
+from backends.errors import InvalidBackend
+from backends.options import Check, check_options, did_you_mean
 
 CompiledFn = Callable[..., Any]
 CompilerFn = Callable[..., CompiledFn]  # (gm, example_inputs, **options) -> CompiledFn
@@ -34,12 +35,17 @@ def always_available() -> str | None:
     return None
 
 
+Vocabulary = Callable[[], Mapping[str, Check | None]]  # a compiler's own option names
+
+
 @dataclass(frozen=True)
 class Backend:
     """A named compiler with a cheap availability check and the options it accepts.
 
-    `options=None` means options pass through unchecked (to a compiler with its own
-    vocabulary, such as inductor); otherwise unknown option names are rejected early.
+    `options` are the declared option names and `checks` value checks for some of them
+    (`backends.options`); `vocabulary` adds the names of a compiler with its own
+    vocabulary (inductor's config), fetched only when options are checked.
+    `options=None` without a vocabulary: options pass through unchecked.
     """
 
     name: str
@@ -48,23 +54,26 @@ class Backend:
     options: frozenset[str] | None = frozenset()
     doc: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    checks: Mapping[str, Check] = field(default_factory=dict)
+    vocabulary: Vocabulary | None = None
+    vocabulary_doc: str | None = None  # what to say instead of listing a long vocabulary
 
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], **options: Any
     ) -> CompiledFn:
         return self.compiler(gm, list(example_inputs), **options)
 
-    def check_options(self, options: dict[str, Any]) -> None:
-        """Raise InvalidOption naming the accepted options if any key is unknown."""
-        if self.options is None:
-            return
-        unknown = sorted(set(options) - self.options)
-        if unknown:
-            valid = ", ".join(sorted(self.options)) or "none"
-            raise InvalidOption(
-                f"backend {self.name!r} does not accept option(s) {', '.join(unknown)}; "
-                f"valid: {valid}"
-            )
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options, checked: InvalidOption names an unknown option or a refused value."""
+        if self.options is None and self.vocabulary is None:
+            return dict(options)
+        table: dict[str, Check | None] = dict(self.vocabulary()) if self.vocabulary else {}
+        table.update({name: self.checks.get(name) for name in self.options or ()})
+        valid = None
+        if self.vocabulary_doc:
+            declared = ", ".join(sorted(self.options or ()))
+            valid = f"{declared}, or {self.vocabulary_doc}" if declared else self.vocabulary_doc
+        return check_options(f"backend {self.name!r}", options, table, valid)
 
 
 class BackendRegistry:
@@ -78,11 +87,22 @@ class BackendRegistry:
         name: str,
         *,
         available: Callable[[], str | None] = always_available,
-        options: Sequence[str] | None = (),
+        options: Sequence[str] | Mapping[str, Check | None] | None = (),
         tags: Sequence[str] = (),
         replace: bool = False,
+        vocabulary: Vocabulary | None = None,
+        vocabulary_doc: str | None = None,
     ) -> Callable[[CompilerFn], Backend]:
-        """Decorator: register `fn(gm, example_inputs, **options)` under `name`."""
+        """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
+
+        `options`: the option names, or a mapping of names to value checks
+        (`backends.options`: `one_of`, `integer`, ...; None for no check).
+        """
+        checks = (
+            {k: v for k, v in options.items() if v is not None}
+            if isinstance(options, Mapping)
+            else {}
+        )
 
         def decorate(fn: CompilerFn) -> Backend:
             if name in self._backends and not replace:
@@ -94,6 +114,9 @@ class BackendRegistry:
                 options=None if options is None else frozenset(options),
                 doc=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
                 tags=tuple(tags),
+                checks=checks,
+                vocabulary=vocabulary,
+                vocabulary_doc=vocabulary_doc,
             )
             self._backends[name] = backend
             return backend
@@ -104,16 +127,27 @@ class BackendRegistry:
         """Our registry first, then dynamo's; raise InvalidBackend listing both."""
         if name in self._backends:
             return self._backends[name]
-        from torch._dynamo import list_backends, lookup_backend
+        from torch._dynamo import lookup_backend
 
-        dynamo_names = list_backends(exclude_tags=())
+        dynamo_names = self.dynamo_names()
         if name in dynamo_names:
             fn = lookup_backend(name)
             return Backend(name=name, compiler=fn, options=None, tags=("dynamo",))
+        hint = did_you_mean(name, [*self.names(), *dynamo_names])
         raise InvalidBackend(
-            f"unknown backend {name!r}; ours: {', '.join(self.names())}; "
-            f"dynamo's: {', '.join(n for n in dynamo_names if n not in self._backends)}"
+            f"unknown backend {name!r}{hint}; ours: {', '.join(self.names())}; "
+            f"dynamo's: {', '.join(dynamo_names)}"
         )
+
+    def dynamo_names(self) -> list[str]:
+        """Dynamo's backends not shadowed by ours, less its `*_TESTING_ONLY` fault injectors."""
+        from torch._dynamo import list_backends
+
+        return [
+            n
+            for n in list_backends(exclude_tags=())
+            if n not in self._backends and not n.endswith("_TESTING_ONLY")
+        ]
 
     def names(self) -> list[str]:
         return sorted(self._backends)

@@ -12,11 +12,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.errors import InvalidBackend, InvalidOption
+from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo
 from chain.attempt import Reference, failed_attempt, one_line, try_backend
 from chain.guard import GuardedGraph
+from chain.options import MODES as MODES  # re-exported: chain.core.MODES
+from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
 from chain.resolve import BackendSpec, resolve
@@ -24,7 +26,6 @@ from chain.timing import TimingError, median_ms
 
 log = logging.getLogger("chain")
 
-MODES = ("first", "fastest")
 _EAGER_REF = "<eager reference>"
 EAGER_BIAS = 0.99  # a compiler must beat eager by 1% to win in "fastest" mode: noise never does
 
@@ -41,6 +42,7 @@ class AllCandidatesFailed(RuntimeError):
 class Chain:
     """A dynamo backend that tries `backends` per graph and records every attempt in `report`."""
 
+    @checked  # chain.options: every keyword option is checked (and normalized) first
     def __init__(
         self,
         *backends: BackendSpec,
@@ -60,8 +62,6 @@ class Chain:
             raise InvalidBackend(
                 "chain() needs at least one backend, e.g. chain('inductor', 'eager')"
             )
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if mode == "fastest" and not measure:
             raise ValueError("mode='fastest' needs measure=True: the winner is chosen by latency")
         self.backends: tuple[Backend, ...] = tuple(resolve(b) for b in backends)
@@ -69,14 +69,7 @@ class Chain:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise InvalidBackend(f"backend(s) named more than once: {', '.join(dupes)}")
-        self.options = {k: dict(v) for k, v in (options or {}).items()}
-        for key, opts in self.options.items():
-            if key not in names:
-                raise InvalidOption(
-                    f"options for {key!r}, which is not in this chain; "
-                    f"valid keys: {', '.join(names)}"
-                )
-            next(b for b in self.backends if b.name == key).check_options(opts)
+        self.options = check_backend_options(self.backends, options)
         if min_speedup is not None and not measure:
             raise ValueError("min_speedup needs measure=True")
         self.mode = mode

@@ -278,7 +278,7 @@ def test_options_reach_the_backend() -> None:
         (lambda: chain("no_such_backend"), "InvalidBackend", r"ours: .*eager.*; dynamo.s: "),
         (lambda: chain("eager", "eager"), "InvalidBackend", "more than once: eager"),
         (lambda: chain(42), "InvalidBackend", "is not a backend"),
-        (lambda: chain("eager", mode="slowest"), "ValueError", "valid: first, fastest"),
+        (lambda: chain("eager", mode="slowest"), "InvalidOption", "'first', 'fastest'"),
         (lambda: chain("eager", options={"inductor": {}}), "InvalidOption", "valid keys: eager"),
         (lambda: chain("eager", options={"eager": {"x": 1}}), "InvalidOption", "valid: none"),
         (lambda: chain("eager", mode="fastest", measure=False), "ValueError", "measure=True"),

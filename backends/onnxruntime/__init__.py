@@ -31,6 +31,7 @@ from backends.onnxruntime.runtime import (
     snapshot_frozen,
 )
 from backends.onnxruntime.session import (
+    LEVELS,
     Provider,
     available,
     create_session,
@@ -39,15 +40,29 @@ from backends.onnxruntime.session import (
     session_options,
     user_stream,
 )
+from backends.options import BadValue, Check, boolean, integer, one_of, optional
 from backends.registry import register_backend
 
-OPTIONS = (
-    "providers",
-    "graph_optimization_level",
-    "intra_op_num_threads",
-    "allow_spinning",
-    "on_weight_change",
-)
+
+def _providers(value: Any) -> Any:
+    """A list of provider names or (name, options) pairs, as `InferenceSession` takes them."""
+    ok = isinstance(value, list | tuple) and all(
+        isinstance(p, str)
+        or (isinstance(p, tuple | list) and len(p) == 2 and isinstance(p[0], str))
+        for p in value
+    )
+    if not ok:
+        raise BadValue("a list of provider names or (name, options) pairs")
+    return value
+
+
+OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
+    "providers": _providers,
+    "graph_optimization_level": one_of(*LEVELS),
+    "intra_op_num_threads": optional(integer(low=1)),
+    "allow_spinning": boolean,
+    "on_weight_change": one_of("reexport", "raise"),
+}
 
 
 def _device_of(example_inputs: Sequence[object]) -> torch.device:

@@ -11,7 +11,7 @@ from backends.errors import Unsupported
 
 Provider = str | tuple[str, dict[str, Any]]
 
-_LEVELS = {
+LEVELS = {
     "disable": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
     "extended": "ORT_ENABLE_EXTENDED",
@@ -71,13 +71,13 @@ def session_options(
     """
     import onnxruntime as ort
 
-    if graph_optimization_level not in _LEVELS:
+    if graph_optimization_level not in LEVELS:
         raise ValueError(
-            f"graph_optimization_level {graph_optimization_level!r}; valid: {', '.join(_LEVELS)}"
+            f"graph_optimization_level {graph_optimization_level!r}; valid: {', '.join(LEVELS)}"
         )
     options = ort.SessionOptions()
     options.graph_optimization_level = getattr(
-        ort.GraphOptimizationLevel, _LEVELS[graph_optimization_level]
+        ort.GraphOptimizationLevel, LEVELS[graph_optimization_level]
     )
     if intra_op_num_threads is not None:
         options.intra_op_num_threads = int(intra_op_num_threads)

@@ -9,18 +9,33 @@ from pathlib import Path
 from typing import Any
 
 from backends.errors import InvalidOption
+from backends.options import BadValue, Check, boolean, integer
 from backends.tensorrt.partitioning import PartitionOptions
 
-OPTIONS = (
-    "min_block_size",
-    "torch_executed_ops",
-    "require_full_compilation",
-    "workspace_size",
-    "optimization_level",
-    "cache_dir",
-    "engine_cache",
-    "timing_cache",
-)
+
+def _op_list(value: Any) -> Any:
+    """An op name or a list of them (strings or torch ops)."""
+    if isinstance(value, str | list | tuple | set | frozenset):
+        return value
+    raise BadValue("an op name or a list of op names")
+
+
+def _path(value: Any) -> Any:
+    if not isinstance(value, str | os.PathLike):
+        raise BadValue("a path (str or os.PathLike)")
+    return value
+
+
+OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
+    "min_block_size": integer(low=1),
+    "torch_executed_ops": _op_list,
+    "require_full_compilation": boolean,
+    "workspace_size": integer(low=0),
+    "optimization_level": integer(low=0, high=5),
+    "cache_dir": _path,
+    "engine_cache": boolean,
+    "timing_cache": boolean,
+}
 
 
 def default_cache_dir() -> Path:

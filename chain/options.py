@@ -1,0 +1,143 @@
+"""chain()'s options, checked when the chain is built: one table entry (a value check) each.
+
+A bad name or value is an `InvalidOption` at `chain(...)` time that names the option,
+what was given, what is valid and, for a near miss, the likely intended name, rather
+than a TypeError at the first call or a compile error found only in the report.
+Backend options (`options={"onnxruntime": {...}}`) are checked against what each backend
+declares in the registry (`backends.options`).
+
+To add a chain option: a keyword parameter of `Chain.__init__` and its entry in
+`CHAIN_OPTIONS` (a check from `backends.options`, or your own `(value) -> value`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from backends.errors import InvalidOption
+from backends.options import (
+    BadValue,
+    Check,
+    boolean,
+    check_options,
+    did_you_mean,
+    integer,
+    number,
+    one_of,
+    optional,
+)
+from backends.registry import Backend
+
+MODES = ("first", "fastest")
+
+_FLOAT_DTYPES = {
+    name: dtype
+    for name in ("float16", "bfloat16", "float32", "float64", "half", "float", "double")
+    if isinstance(dtype := getattr(torch, name, None), torch.dtype)
+}
+
+
+def _dtype(key: Any) -> torch.dtype:
+    """A torch.dtype, or its name ("float16", "torch.float16")."""
+    if isinstance(key, torch.dtype):
+        return key
+    name = key.removeprefix("torch.") if isinstance(key, str) else None
+    if name is not None and isinstance(getattr(torch, name, None), torch.dtype):
+        return getattr(torch, name)
+    hint = did_you_mean(name, list(_FLOAT_DTYPES)) if name is not None else ""
+    raise BadValue(
+        f"a dict keyed by torch.dtype or a dtype name (float16, bfloat16, float32, float64); "
+        f"{key!r} is neither{hint}"
+    )
+
+
+def tolerances(value: Any) -> dict[torch.dtype, tuple[float, float]]:
+    """{dtype or dtype name: (rtol, atol)} -> {torch.dtype: (rtol, atol)}, names resolved."""
+    if not isinstance(value, Mapping):
+        raise BadValue("a dict {dtype: (rtol, atol)}")
+    out: dict[torch.dtype, tuple[float, float]] = {}
+    pair = number(low=0)
+    for key, tol in value.items():
+        dtype = _dtype(key)
+        try:
+            rtol, atol = tol
+            out[dtype] = (float(pair(rtol)), float(pair(atol)))
+        except (TypeError, ValueError):
+            raise BadValue(
+                f"(rtol, atol) pairs of numbers >= 0; {key!r}: {tol!r} is not one"
+            ) from None
+    return out
+
+
+def path(value: Any) -> Any:
+    """A file path: str or os.PathLike."""
+    if not isinstance(value, str | os.PathLike):
+        raise BadValue("a path (str or os.PathLike)")
+    return value
+
+
+def backend_options(value: Any) -> dict[str, dict[str, Any]]:
+    """{backend name: {option: value}}: the shape here; names and values per backend later."""
+    if not isinstance(value, Mapping):
+        raise BadValue("a dict {backend name: {option: value}}")
+    for key, opts in value.items():
+        if not isinstance(opts, Mapping):
+            raise BadValue(
+                f"a dict {{backend name: {{option: value}}}}; options[{key!r}] is a "
+                f"{type(opts).__name__}, not a dict of {key}'s options"
+            )
+    return {key: dict(opts) for key, opts in value.items()}
+
+
+CHAIN_OPTIONS: dict[str, Check] = {
+    "mode": one_of(*MODES),
+    "verify": boolean,
+    "measure": boolean,
+    "strict": boolean,
+    "options": optional(backend_options),
+    "report_path": optional(path),
+    "min_speedup": optional(number(above=0)),
+    "compile_timeout_s": optional(number(above=0)),
+    "max_retries": integer(low=0),
+    "measure_budget_s": number(low=0),
+    "tolerances": optional(tolerances),
+}
+
+
+def check_chain_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """chain()'s keyword options, checked and normalized; InvalidOption for the first bad one."""
+    return check_options("chain()", values, CHAIN_OPTIONS)
+
+
+def check_backend_options(
+    backends: Sequence[Backend], options: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, dict[str, Any]]:
+    """Per-backend options, each key a backend of the chain, each checked by its backend."""
+    by_name = {b.name: b for b in backends}
+    out: dict[str, dict[str, Any]] = {}
+    for key, opts in (options or {}).items():
+        if key not in by_name:
+            raise InvalidOption(
+                f"options for {key!r}, which is not in this chain"
+                f"{did_you_mean(str(key), by_name)}; valid keys: {', '.join(by_name)}"
+            )
+        out[key] = by_name[key].check_options(opts)
+    return out
+
+
+Init = TypeVar("Init", bound=Callable[..., None])
+
+
+def checked(init: Init) -> Init:
+    """Decorate `Chain.__init__`: its keyword options reach it checked and normalized."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *backends: Any, **kwargs: Any) -> None:
+        init(self, *backends, **check_chain_options(kwargs))
+
+    return wrapper  # type: ignore[return-value]
