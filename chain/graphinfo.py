@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -139,15 +142,72 @@ def fingerprint(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def origin(gm: fx.GraphModule) -> str:
-    """Where the graph came from: `function (file:line)`, plus why dynamo broke it there."""
-    where = ""
+# Libraries that models are built from: their frames are not "the user's code".
+MODEL_LIBRARIES = (
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "transformers",
+    "timm",
+    "diffusers",
+    "accelerate",
+    "peft",
+    "sentence_transformers",
+    "torch_tensorrt",
+)
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """Install folders of MODEL_LIBRARIES found here (found without importing them)."""
+    dirs = []
+    for name in MODEL_LIBRARIES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # a broken install: its frames count as the user's
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            dirs.append(os.path.join(os.path.realpath(folder), ""))
+    return tuple(dirs)
+
+
+def _is_library(file: str) -> bool:
+    """A frame of torch, of a model library, or of generated code (`<eval_with_key>`)."""
+    return file.startswith("<") or os.path.realpath(file).startswith(_library_dirs())
+
+
+def _frames(gm: fx.GraphModule) -> list[tuple[str, str, str]]:
+    """(file, line, function) of the first node that has a stack trace, outermost first."""
     for node in gm.graph.nodes:
         frames = _FRAME.findall(node.meta.get("stack_trace") or "")
         if frames:
-            file, line, func = frames[-1]
-            where = f"{func} ({file.rsplit('/', 1)[-1]}:{line})"
-            break
+            return frames
+    return []
+
+
+def _outer_module(gm: fx.GraphModule) -> str:
+    """The outermost module a node was traced in, when no node carries a stack trace."""
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        for _path, cls in stack.values():
+            return f"{getattr(cls, '__name__', cls)}.forward"
+    return ""
+
+
+def origin(gm: fx.GraphModule) -> str:
+    """Where the graph came from: `function (file:line)`, plus why dynamo broke it there.
+
+    The frame is the innermost one outside torch and the model libraries (transformers,
+    timm, ...): the user's line that called into them. A graph traced entirely inside a
+    library (a transformers model compiled as it is) gets its outermost frame, the entry
+    of the compiled function; a graph without stack traces, its outermost module.
+    """
+    frames = _frames(gm)
+    user = [f for f in frames if not _is_library(f[0])]
+    where = _outer_module(gm)
+    if frames:
+        file, line, func = user[-1] if user else frames[0]
+        where = f"{func} ({file.rsplit('/', 1)[-1]}:{line})"
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is not None and getattr(reason, "graph_break", False):
         first = str(reason.reason).strip().splitlines()[0] if reason.reason else "graph break"
