@@ -81,6 +81,18 @@ def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
+def _inactive_dropout(node: fx.Node) -> bool:
+    """A dropout call that is the identity: training off (eval mode) or p == 0.
+
+    F.dropout(input, p, training, inplace), torch.dropout / native_dropout(input, p, train):
+    the flag is the third argument or a keyword, not the last one.
+    """
+    args, kwargs = node.args, node.kwargs
+    training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    return training is False or p == 0
+
+
 def random_ops(gm: fx.GraphModule) -> list[str]:
     """Names of the random ops in the graph (their outputs differ from run to run)."""
     found = []
@@ -88,11 +100,16 @@ def random_ops(gm: fx.GraphModule) -> list[str]:
         if node.op in ("call_function", "call_method"):
             name = op_name(node)
             base = _short(name.replace(".default", "").replace(".Tensor", ""))
-            if base in _RANDOM_NAMES and not (
-                "dropout" in base and node.kwargs.get("training", node.args[-1:]) is False
-            ):
+            if base in _RANDOM_NAMES and not ("dropout" in base and _inactive_dropout(node)):
                 found.append(name)
     return found
+
+
+# The `operator` functions that write to an operand (`and_`, `or_`, `not_` do not).
+_OPERATOR_WRITES = frozenset(
+    {"setitem", "delitem", "iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imatmul",
+     "imod", "imul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor"}
+)  # fmt: skip
 
 
 def mutates_inputs(gm: fx.GraphModule) -> bool:
@@ -105,7 +122,10 @@ def mutates_inputs(gm: fx.GraphModule) -> bool:
             if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
                 return True
             name = getattr(target, "__name__", "")
-            if (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "iadd"):
+            if getattr(target, "__module__", None) in ("_operator", "operator"):
+                if name in _OPERATOR_WRITES:
+                    return True
+            elif name.endswith("_") and not name.endswith("__"):
                 return True
     return False
 
