@@ -34,15 +34,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _bench(argv: Sequence[str]) -> int:
-    try:
-        from benchmarks.run import main as bench_main
-    except ImportError as e:
-        print(
-            f"chain: error: the benchmark is not importable here ({e}); run it from a "
-            "checkout: python benchmarks/run.py",
-            file=sys.stderr,
-        )
-        return 2
+    from chain.bench.run import main as bench_main
+
     return int(bench_main(list(argv)) or 0)
 
 
@@ -60,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("file")
     rep.add_argument("--format", choices=("table", "markdown", "json"), default="table")
     rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
-    sub.add_parser("bench", help="run the benchmark (python benchmarks/run.py --help)")
+    sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")
     args = parser.parse_args(argv)
     return _report(args)

@@ -16,9 +16,9 @@ import torch
 
 import backends
 from backends.errors import Unsupported
-from benchmarks import run
-from benchmarks.candidates import backend_candidate, thread_options
-from benchmarks.harness import (
+from chain.bench import run
+from chain.bench.candidates import backend_candidate, thread_options
+from chain.bench.harness import (
     Candidate,
     Compiled,
     Result,
@@ -26,8 +26,8 @@ from benchmarks.harness import (
     bench_model,
     one_line,
 )
-from benchmarks.models import SUITE, default_models
-from benchmarks.output import FIELDS, geomeans
+from chain.bench.models import SUITE, default_models
+from chain.bench.output import FIELDS, geomeans
 
 MODELS = ("mlp", "graph_break")
 NEVER_REASON = "needs a machine that does not exist (test backend)"

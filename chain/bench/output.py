@@ -18,7 +18,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from benchmarks.harness import Result
+from chain.bench.harness import Result
 
 FIELDS = (
     "model", "candidate", "kind", "status", "median_ms", "iqr_ms", "speedup", "compile_s",

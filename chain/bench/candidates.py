@@ -15,8 +15,8 @@ import torch
 from torch import fx, nn
 
 import backends
-from benchmarks.harness import Candidate, Compiled
 from chain import DEFAULT_CHAIN, chain
+from chain.bench.harness import Candidate, Compiled
 from chain.core import MODES
 from chain.records import GraphRecord, Status
 
