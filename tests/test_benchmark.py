@@ -27,7 +27,7 @@ from chain.bench.harness import (
     one_line,
 )
 from chain.bench.models import SUITE, default_models
-from chain.bench.output import FIELDS, geomeans
+from chain.bench.output import FIELDS, draw, geomeans
 
 MODELS = ("mlp", "graph_break")
 NEVER_REASON = "needs a machine that does not exist (test backend)"
@@ -263,3 +263,25 @@ def test_backend_options_reach_the_backend_and_threads_reach_onnxruntime() -> No
     assert seen == [{"intra_op_num_threads": 1}]
     assert thread_options(2) == {"onnxruntime": {"intra_op_num_threads": 2}}
     assert thread_options(None) == {}
+
+
+def test_chart_draws_the_spread_titles_the_setup_and_lists_what_did_not_run() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [
+        Result("m", "eager", "eager", "ok", median_ms=1.0, iqr_ms=0.1, speedup=1.0),
+        Result("m", "onnxruntime", "backend", "ok", median_ms=0.5, iqr_ms=0.1, speedup=2.0),
+        Result("m", "tensorrt", "backend", "unavailable", "no CUDA device"),
+    ]
+    meta = {"device": "cpu", "dtype": "fp32", "threads": 2, "machine": "Linux x86_64"}
+    fig = draw(meta, rows)
+    (ax,) = fig.axes
+    assert ax.get_title() == "speedup over eager (cpu fp32, 2 threads)\nLinux x86_64"
+    (bars,) = [c for c in ax.containers if getattr(c, "errorbar", None) is not None]
+    (segment,) = bars.errorbar.lines[2][0].get_segments()
+    spread = 0.5 * 0.1 / 0.5 + 0.5 * 0.1 / 1.0  # candidate's and eager's, relative
+    assert segment[:, 1] == pytest.approx([2.0 / (1 + spread), 2.0 * (1 + spread)])
+    text = "\n".join(t.get_text() for t in fig.texts)
+    assert "tensorrt: unavailable (no CUDA device)" in text

@@ -176,8 +176,67 @@ def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_png(path: Path, rows: Sequence[Result]) -> str | None:
-    """A grouped bar chart of speedups per model and candidate; a reason if it cannot."""
+def relative_spread(row: Result, eager: Result | None) -> float | None:
+    """Half the IQR over the median, the candidate's plus eager's (a speedup has both)."""
+    if row.iqr_ms is None or not row.median_ms:
+        return None
+    spread = 0.5 * row.iqr_ms / row.median_ms
+    if eager is not None and eager is not row and eager.iqr_ms is not None and eager.median_ms:
+        spread += 0.5 * eager.iqr_ms / eager.median_ms
+    return spread
+
+
+def chart_title(meta: dict[str, Any]) -> str:
+    """What the figures were measured on: device, dtype, threads, machine."""
+    threads = meta.get("threads")
+    where = f"{meta.get('device', '?')} {meta.get('dtype', '?')}"
+    where += f", {threads} threads" if threads else ""
+    return f"speedup over eager ({where})\n{meta.get('machine', '')}".strip()
+
+
+def missing_backends(rows: Sequence[Result]) -> list[str]:
+    """One line per candidate that could not run here, with its reason."""
+    lines = {
+        f"{r.candidate}: {r.status} ({r.reason})": None
+        for r in rows
+        if r.status in ("unavailable", "not_registered")
+    }
+    return list(lines)
+
+
+def draw(meta: dict[str, Any], rows: Sequence[Result]) -> Any:
+    """The chart as a matplotlib Figure: bars with spread whiskers, title, what did not run."""
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    eager = {r.model: r for r in rows if r.kind == "eager"}
+    ok = {(r.model, r.candidate): r for r in rows if r.speedup and r.status == "ok"}
+    cands = list(dict.fromkeys(c for _, c in ok if c != "eager"))
+    width = 0.8 / max(len(cands), 1)
+    missing = missing_backends(rows)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(models)), 4.4 + 0.18 * len(missing)))
+    for i, cand in enumerate(cands):
+        xs = [m + i * width for m in range(len(models))]
+        found = [ok.get((m, cand)) for m in models]
+        heights = [r.speedup if r and r.speedup else 0.0 for r in found]
+        spreads = [relative_spread(r, eager.get(r.model)) if r else None for r in found]
+        low = [h - h / (1 + s) if s else 0.0 for h, s in zip(heights, spreads, strict=True)]
+        high = [h * s if s else 0.0 for h, s in zip(heights, spreads, strict=True)]
+        ax.bar(xs, heights, width, yerr=[low, high], capsize=2, label=cand)
+    ax.axhline(1.0, color="black", linewidth=0.8, label="eager = 1")
+    ax.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], models)
+    ax.set_ylabel("speedup over eager (x)")
+    ax.set_title(chart_title(meta), fontsize="medium")
+    ax.legend(fontsize="small", ncols=2)
+    note = "whiskers: half the interquartile range of candidate and eager, relative, added"
+    lines = [note] + (["not run here:"] + [f"  {m}" for m in missing] if missing else [])
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize="x-small", va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * len(lines), 1, 1))
+    return fig
+
+
+def write_png(path: Path, meta: dict[str, Any], rows: Sequence[Result]) -> str | None:
+    """The chart as a PNG; a reason if it cannot be drawn (no matplotlib)."""
     try:
         import matplotlib
     except ImportError:
@@ -185,19 +244,7 @@ def write_png(path: Path, rows: Sequence[Result]) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = list(dict.fromkeys(r.model for r in rows))
-    speed = {(r.model, r.candidate): r.speedup for r in rows if r.speedup and r.status == "ok"}
-    cands = list(dict.fromkeys(c for _, c in speed if c != "eager"))
-    width = 0.8 / max(len(cands), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(models)), 4.0))
-    for i, cand in enumerate(cands):
-        xs = [m + i * width for m in range(len(models))]
-        ax.bar(xs, [speed.get((m, cand), 0.0) for m in models], width, label=cand)
-    ax.axhline(1.0, color="black", linewidth=0.8, label="eager = 1")
-    ax.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], models)
-    ax.set_ylabel("speedup over eager (x)")
-    ax.legend(fontsize="small", ncols=2)
-    fig.tight_layout()
+    fig = draw(meta, rows)
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
@@ -219,7 +266,7 @@ def write_all(
     for name, render in writers.items():
         write_atomic(out / name, render())
         paths.append(out / name)
-    skipped = write_png(out / "speedups.png", rows)
+    skipped = write_png(out / "speedups.png", meta, rows)
     if skipped is None:
         paths.append(out / "speedups.png")
     return paths, skipped

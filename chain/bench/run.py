@@ -189,6 +189,7 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
         "machine": machine(),
         "device": args.device,
         "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
         "batch_size": args.batch_size,
         "repeats": args.repeats,
         "warmup": args.warmup,
