@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         device, dtype = choose_device(args.device, args.dtype, torch.cuda.is_available())
         backend = chain(*args.backends, mode=args.mode)
-    except (ValueError, TypeError) as e:  # InvalidBackend, InvalidOption: one line, exit 2
+    except ValueError as e:  # InvalidBackend, InvalidOption, no such device: one line, exit 2
         return error(str(e))
     name = choose_model(args.model)
     if name == "bert" and importlib.util.find_spec("transformers") is None:

@@ -57,7 +57,7 @@ def _providers(value: Any) -> Any:
 
 
 OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
-    "providers": _providers,
+    "providers": optional(_providers),
     "graph_optimization_level": one_of(*LEVELS),
     "intra_op_num_threads": optional(integer(low=1)),
     "allow_spinning": boolean,
