@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -182,6 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         err = (out - model(*inputs)).abs().max().item()
     console.print(f"max abs difference from eager: {err:.2e}")
     console.print(backend.report.table())
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if device.type == "cpu" and load > 0.5 * cores:
+        console.print(
+            f"note: this machine is busy (load {load:.1f} on {cores} cores): the latencies "
+            "and speedups above are noisy (torch's threads wait on each other on shared "
+            "cores; chain bench --threads 1 gives steadier figures)",
+            markup=False,
+        )
     if args.save:
         console.print(f"saved {backend.report.save(args.save)}", markup=False)
     return 0
