@@ -46,7 +46,13 @@ class Attempt:
     compile_s: float | None = None
     latency_ms: float | None = None
     speedup: float | None = None
-    max_abs_err: float | None = None
+    max_abs_err: float | None = None  # largest |candidate - eager| over floating outputs
+    # RMSE against the graph run in float64 (the output that used most of its allowance),
+    # eager's on that output, and their ratio: None without a float64 reference
+    error: float | None = None
+    eager_error: float | None = None
+    error_ratio: float | None = None
+    spread_ms: float | None = None  # half-width of the 95% confidence interval of latency_ms
     retries: int = 0
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -82,6 +88,7 @@ class GraphRecord:
     attempts: tuple[Attempt, ...]
     winner: str | None
     eager_ms: float | None = None
+    eager_spread_ms: float | None = None  # half-width of the 95% confidence interval
     notes: tuple[str, ...] = ()
 
     @property
@@ -100,6 +107,7 @@ class GraphRecord:
             "inputs": list(self.inputs),
             "winner": self.winner,
             "eager_ms": self.eager_ms,
+            "eager_spread_ms": self.eager_spread_ms,
             "notes": list(self.notes),
             "attempts": [a.to_dict() for a in self.attempts],
         }
@@ -116,6 +124,7 @@ class GraphRecord:
             attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
             winner=data["winner"],
             eager_ms=data.get("eager_ms"),
+            eager_spread_ms=data.get("eager_spread_ms"),
             notes=tuple(data.get("notes", ())),
         )
 
