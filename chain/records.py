@@ -52,7 +52,7 @@ class Attempt:
     error: float | None = None
     eager_error: float | None = None
     error_ratio: float | None = None
-    spread_ms: float | None = None  # half-width of the 95% confidence interval of latency_ms
+    spread_ms: float | None = None  # half-width of the 99% confidence interval of latency_ms
     retries: int = 0
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -88,7 +88,7 @@ class GraphRecord:
     attempts: tuple[Attempt, ...]
     winner: str | None
     eager_ms: float | None = None
-    eager_spread_ms: float | None = None  # half-width of the 95% confidence interval
+    eager_spread_ms: float | None = None  # half-width of the 99% confidence interval
     notes: tuple[str, ...] = ()
 
     @property

@@ -6,8 +6,11 @@ each round runs the candidates in a fresh random order, each in a block: one unt
 lead-in call (it absorbs the switch from another runtime), then back-to-back timed calls
 filling ~`block_s`, CUDA-synchronized. A round gives one sample per candidate, and one
 paired ratio baseline/candidate (drift during the round hits both alike). Rounds go on
-until every candidate's ratio is separated from 1 (its 95% confidence interval excludes
-it) or the budget is spent.
+until every candidate is decided against the baseline (the 99% confidence interval of its
+ratio excludes 1, or lies within 1% of it: a tie) or the budget is spent.
+
+"Measurably slower" needs both: the whole interval below 1 and the median ratio below
+0.99 (the 2022 TorchDynamo autotuner's margin), so a tie is never called a loss.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 
 import torch
 
-Z95 = 1.96
+Z = 2.576  # 99% two-sided: a tie is called a loss (or a win) in well under 1% of graphs
+TIE = 0.01  # ratios within 1% of 1 are a tie whatever the interval says
 
 
 class TimingError(Exception):
@@ -37,10 +41,10 @@ class TimingError(Exception):
 @dataclass(frozen=True)
 class Timing:
     """One candidate's latency: median per call, the spread of that median, and the
-    speedup over the baseline with its 95% confidence interval (paired by round)."""
+    speedup over the baseline with its 99% confidence interval (paired by round)."""
 
     median_ms: float
-    spread_ms: float  # half-width of the 95% confidence interval of the median
+    spread_ms: float  # half-width of the 99% confidence interval of the median
     samples: int  # timed blocks
     speedup: float  # baseline median / this median
     speedup_lo: float
@@ -48,22 +52,22 @@ class Timing:
 
     @property
     def slower(self) -> bool:
-        """Measurably slower than the baseline: the whole interval is below 1."""
-        return self.speedup_hi < 1.0
+        """Measurably slower than the baseline: the whole interval below 1, by over 1%."""
+        return self.speedup_hi < 1.0 and self.speedup < 1.0 - TIE
 
     @property
     def faster(self) -> bool:
-        """Measurably faster than the baseline: the whole interval is above 1."""
-        return self.speedup_lo > 1.0
+        """Measurably faster than the baseline: the whole interval above 1, by over 1%."""
+        return self.speedup_lo > 1.0 and self.speedup > 1.0 / (1.0 - TIE)
 
     def describe(self) -> str:
         return (
             f"{self.median_ms:.3f} ± {self.spread_ms:.3f} ms, {self.speedup:.2f}x "
-            f"(95% CI {self.speedup_lo:.2f}-{self.speedup_hi:.2f}x)"
+            f"(99% CI {self.speedup_lo:.2f}-{self.speedup_hi:.2f}x)"
         )
 
 
-def median_ci(values: Sequence[float], z: float = Z95) -> tuple[float, float]:
+def median_ci(values: Sequence[float], z: float = Z) -> tuple[float, float]:
     """Distribution-free confidence interval of the median (order statistics, binomial)."""
     ordered = sorted(values)
     n = len(ordered)
@@ -103,6 +107,7 @@ def measure(
     min_rounds: int = 5,
     max_rounds: int = 400,
     seed: int = 0,
+    z: float = Z,
 ) -> dict[str, Timing]:
     """Time every fn (baseline included) in randomly ordered rounds of short blocks."""
     if baseline not in fns:
@@ -135,36 +140,38 @@ def measure(
                 sync()
                 samples[name].append((time.perf_counter() - start) / calls[name])
             if rounds >= min_rounds and (
-                time.perf_counter() > deadline or _separated(samples, baseline)
+                time.perf_counter() > deadline or _decided(samples, baseline, z)
             ):
                 break
-    return _timings(samples, baseline)
+    return _timings(samples, baseline, z)
 
 
 def _ratios(samples: Mapping[str, list[float]], baseline: str, name: str) -> list[float]:
     return [b / s for b, s in zip(samples[baseline], samples[name], strict=True)]
 
 
-def _separated(samples: Mapping[str, list[float]], baseline: str) -> bool:
-    """Every candidate is measurably faster or slower than the baseline."""
+def _decided(samples: Mapping[str, list[float]], baseline: str, z: float) -> bool:
+    """Every candidate is apart from the baseline, or tied with it within 1%."""
     for name in samples:
         if name != baseline:
-            lo, hi = median_ci(_ratios(samples, baseline, name))
-            if lo <= 1.0 <= hi:
+            lo, hi = median_ci(_ratios(samples, baseline, name), z)
+            apart = hi < 1.0 or lo > 1.0
+            tied = lo >= 1.0 - TIE and hi <= 1.0 / (1.0 - TIE)
+            if not (apart or tied):
                 return False
     return True
 
 
-def _timings(samples: Mapping[str, list[float]], baseline: str) -> dict[str, Timing]:
+def _timings(samples: Mapping[str, list[float]], baseline: str, z: float) -> dict[str, Timing]:
     base = statistics.median(samples[baseline])
     out = {}
     for name, values in samples.items():
         median = statistics.median(values)
-        lo, hi = median_ci(values)
+        lo, hi = median_ci(values, z)
         if name == baseline:
             s_lo = s_hi = 1.0
         else:
-            s_lo, s_hi = median_ci(_ratios(samples, baseline, name))
+            s_lo, s_hi = median_ci(_ratios(samples, baseline, name), z)
         out[name] = Timing(
             median_ms=1000 * median,
             spread_ms=1000 * (hi - lo) / 2,
@@ -174,11 +181,3 @@ def _timings(samples: Mapping[str, list[float]], baseline: str) -> dict[str, Tim
             speedup_hi=s_hi,
         )
     return out
-
-
-def median_ms(
-    fns: Mapping[str, Callable[..., Any]], inputs: Sequence[Any], *, budget_s: float = 0.25
-) -> dict[str, float]:
-    """Median milliseconds per call of each fn on `inputs` (the first fn is the baseline)."""
-    timings = measure(fns, inputs, baseline=next(iter(fns)), budget_s=budget_s)
-    return {name: t.median_ms for name, t in timings.items()}
