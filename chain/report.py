@@ -122,8 +122,7 @@ class Report:
                         a.backend,
                         a.status.value,
                         _fmt(a.compile_s, ".2f"),
-                        _fmt(a.latency_ms, ".3f")
-                        + ("" if a.spread_ms is None else f" ±{a.spread_ms:.3f}"),
+                        _fmt(a.latency_ms, ".3f"),
                         _fmt(a.speedup, ".2f"),
                         _fmt(a.max_abs_err, ".1e"),
                         _fmt(a.error_ratio, ".2f"),

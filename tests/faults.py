@@ -179,3 +179,23 @@ def stale(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         return outs
 
     return run
+
+
+class Sleeps:
+    """Right answers, slowly: sleeps `seconds` per call (measurably slower than eager)."""
+
+    def __init__(self, seconds: float = 2e-3) -> None:
+        self.seconds = seconds
+        self.__name__ = "sleeps"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            time.sleep(self.seconds)
+            return gm(*args)
+
+        return run
+
+
+def twin(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Exactly eager under another name: it can only win or lose by noise."""
+    return gm.forward
