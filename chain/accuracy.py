@@ -62,7 +62,7 @@ class OutputError:
         return self.error / self.allowed if self.allowed > 0 else float(self.error > 0) * 1e30
 
     def reason(self) -> str:
-        ratio = f"{self.ratio:.3g}x" if self.ratio is not None else "inf x"
+        ratio = f"{self.ratio:.3g}x" if self.ratio is not None else "above"
         return (
             f"output {self.index}: RMSE vs float64 {self.error:.3g} is {ratio} eager's "
             f"{self.eager_error:.3g} (allowed {MULTIPLE:g}x eager + floor = {self.allowed:.3g})"
