@@ -197,5 +197,10 @@ class Sleeps:
 
 
 def twin(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Exactly eager under another name: it can only win or lose by noise."""
-    return gm.forward
+    """Eager behind one more Python call (not `gm.forward` itself, which the chain would
+    recognise as its reference): it can only win or lose by noise."""
+
+    def run(*args: Any) -> Any:
+        return gm.forward(*args)
+
+    return run
