@@ -17,7 +17,7 @@ from torch import fx
 from backends.errors import Transient, Unsupported
 from backends.registry import Backend
 from chain.records import Attempt, Status
-from chain.verify import compare
+from chain.verify import Verdict, compare
 
 
 class CompileTimeout(Exception):
@@ -54,6 +54,7 @@ class Reference:
     clone_inputs: bool
     unverified: str | None  # why candidates are not compared with eager (None: they are)
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    fp64: Any = None  # the graph's outputs in float64 (None: verified by tolerances)
 
     def inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
         """Fresh clones of mutable inputs (not parameters) when the graph writes in place."""
@@ -184,7 +185,8 @@ def try_backend(
             retries=retries,
             details=details,
         ), fn
-    verdict = compare(reference.outputs, outputs, reference.tolerances)
+    verdict = compare(reference.outputs, outputs, reference.tolerances, fp64=reference.fp64)
+    errors = _errors(verdict)
     if verdict.reason is not None:
         if strict:
             raise Mismatch(f"{name}: {verdict.reason}")
@@ -197,6 +199,7 @@ def try_backend(
             max_abs_err=verdict.max_abs_err,
             retries=retries,
             details=details,
+            **errors,
         ), None
     return Attempt(
         name,
@@ -206,4 +209,13 @@ def try_backend(
         max_abs_err=verdict.max_abs_err,
         retries=retries,
         details=details,
+        **errors,
     ), fn
+
+
+def _errors(verdict: Verdict) -> dict[str, float | None]:
+    """The attempt's error fields: its worst output's error against float64, and eager's."""
+    worst = verdict.worst
+    if worst is None:
+        return {}
+    return {"error": worst.error, "eager_error": worst.eager_error, "error_ratio": worst.ratio}

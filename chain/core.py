@@ -16,17 +16,19 @@ from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo
 from chain.attempt import Reference, failed_attempt, one_line, try_backend
+from chain.fp64 import fp64_reference
 from chain.guard import GuardedGraph
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
 from chain.resolve import BackendSpec, resolve
-from chain.timing import TimingError, median_ms
+from chain.timing import Timing, TimingError, measure
 
 log = logging.getLogger("chain")
 
 _EAGER_REF = "<eager reference>"
+EAGER = "eager"  # the floor's name in reports: eager runs a graph no backend runs faster
 EAGER_BIAS = 0.99  # a compiler must beat eager by 1% to win in "fastest" mode: noise never does
 
 
@@ -57,6 +59,7 @@ class Chain:
         max_retries: int = 2,
         measure_budget_s: float = 0.2,
         tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
+        eager_floor: bool = True,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -81,6 +84,7 @@ class Chain:
         self.max_retries = max_retries
         self.measure_budget_s = measure_budget_s
         self.tolerances = tolerances
+        self.eager_floor = eager_floor
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report = Report()
@@ -112,19 +116,27 @@ class Chain:
             notes=tuple(notes),
         )
         self.report.graphs.append(record)
-        attempts, fns, eager_ms = self._run_candidates(gm, inputs, reference, start=0)
-        record = self._finish(record, tuple(attempts), eager_ms)
+        attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
+        record = self._finish(record, tuple(attempts), eager)
         winner = record.winner
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
-        index = [b.name for b in self.backends].index(winner)
-        return GuardedGraph(self, record.id, gm, fns[winner], index)
+        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner))
+
+    def _index(self, name: str) -> int:
+        """Position of a backend in the chain; the eager floor sits after the last one."""
+        names = [b.name for b in self.backends]
+        return names.index(name) if name in names else len(names)
+
+    def backend_name(self, index: int) -> str:
+        """The name of the backend at `index` (past the end: the eager floor)."""
+        return self.backends[index].name if index < len(self.backends) else EAGER
 
     def fall_back(self, guard: GuardedGraph, exc: Exception, args: tuple[Any, ...]) -> None:
         """The winner raised at run time: record it and switch to the next backend that passes."""
         record = self.report.graphs[guard.graph_id]
-        failed_name = self.backends[guard.backend_index].name
+        failed_name = self.backend_name(guard.backend_index)
         if self.strict:
             raise exc
         log.warning(
@@ -135,10 +147,11 @@ class Chain:
         )
         inputs = list(args)
         reference, _ = self._reference(guard.gm, inputs)
-        new, fns, eager_ms = self._run_candidates(
+        new, fns, eager = self._run_candidates(
             guard.gm, inputs, reference, start=guard.backend_index + 1
         )
         by_name = {a.backend: a for a in new}
+        known = {a.backend for a in record.attempts}
         attempts = tuple(
             dataclasses.replace(
                 a,
@@ -151,21 +164,23 @@ class Chain:
             else by_name.get(a.backend, a)
             for a in record.attempts
         )
-        record = self._finish(record, attempts, eager_ms)
+        attempts += tuple(a for a in new if a.backend not in known)
+        record = self._finish(record, attempts, eager)
         if record.winner is None:
             raise AllCandidatesFailed(record) from exc
         guard.fn = fns[record.winner]
-        guard.backend_index = [b.name for b in self.backends].index(record.winner)
+        guard.backend_index = self._index(record.winner)
         guard.chain_details["winner"] = record.winner
 
     def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
-        """Eager's outputs to verify against, and notes on what limits verification."""
-        random_ops = sorted(set(graphinfo.random_ops(gm)))
+        """Eager's outputs and the float64 ones to verify against, and notes on what limits
+        verification."""
+        random = graphinfo.random_nodes(gm)
         unverified = None
         if not self.verify:
             unverified = "not verified: verify=False"
-        elif random_ops:
-            unverified = f"not verified: random ops ({', '.join(random_ops)})"
+        elif random:
+            unverified = f"not verified: random ops ({'; '.join(map(str, random))})"
         reference = Reference(
             outputs=None,
             clone_inputs=graphinfo.mutates_inputs(gm),
@@ -177,19 +192,22 @@ class Chain:
             notes.append("mutates its inputs: eager and candidates ran on clones")
         if not unverified:
             with torch.no_grad():
-                reference = dataclasses.replace(reference, outputs=gm(*reference.inputs(inputs)))
+                outputs = gm(*reference.inputs(inputs))
+            fp64, note = fp64_reference(gm, reference.inputs(inputs))
+            notes += [note] if note else []
+            reference = dataclasses.replace(reference, outputs=outputs, fp64=fp64)
         return reference, notes
 
     # -- candidates ---------------------------------------------------------------------
 
     def _run_candidates(
         self, gm: fx.GraphModule, inputs: list[Any], reference: Reference, start: int
-    ) -> tuple[list[Attempt], dict[str, Callable[..., Any]], float | None]:
-        """Attempts for backends[start:], the passing callables, and eager's latency."""
+    ) -> tuple[list[Attempt], dict[str, Callable[..., Any]], Timing | None]:
+        """Attempts for backends[start:], the passing callables, and eager's timing."""
         attempts: list[Attempt] = []
         passed: dict[str, Callable[..., Any]] = {}
         slow: dict[str, Callable[..., Any]] = {}
-        eager_ms: float | None = None
+        eager: Timing | None = None
         shape = graphinfo.fingerprint(gm, inputs)
         for backend in self.backends[start:]:
             if passed and self.mode == "first":
@@ -218,10 +236,14 @@ class Chain:
                 fn = None
             if fn is not None and self.measure and self.mode == "first":
                 # timed at once: a candidate that fails while timed leaves room for the next
-                [attempt], eager_ms = self._measure(
+                [attempt], timings = self._measure(
                     [attempt], {backend.name: fn}, gm, inputs, reference
                 )
+                eager = timings[_EAGER_REF]
                 if attempt.status is not Status.WON:
+                    fn = None
+                elif reason := self._below_floor(attempt.backend, timings):
+                    attempt = dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
                     fn = None
                 elif self._too_slow(attempt, backend):
                     speedup = f"{attempt.speedup:.2f}x"
@@ -235,12 +257,16 @@ class Chain:
                 passed[backend.name] = fn
             attempts.append(attempt)
         if self.measure and passed and self.mode == "fastest":
-            attempts, eager_ms = self._measure(attempts, passed, gm, inputs, reference)
+            attempts, timings = self._measure(attempts, passed, gm, inputs, reference)
+            eager = timings.get(_EAGER_REF)
         if self.mode == "fastest":
-            attempts = self._pick_fastest(attempts)
+            attempts = self._pick_fastest(attempts, eager)
         elif not passed:
             attempts = self._rescue_slower(attempts, slow, passed)
-        return attempts, passed, eager_ms
+        if self._floor_needed(attempts):
+            attempts.append(self._floor_attempt(eager))
+            passed[EAGER] = gm.forward
+        return attempts, passed, eager
 
     def _measure(
         self,
@@ -249,16 +275,20 @@ class Chain:
         gm: fx.GraphModule,
         inputs: list[Any],
         reference: Reference,
-    ) -> tuple[list[Attempt], float]:
-        """Time eager and `fns` interleaved in one run; fill in latency and speedup.
+    ) -> tuple[list[Attempt], dict[str, Timing]]:
+        """Time eager and `fns` in one run; fill in latency, spread and speedup.
 
-        A candidate that raises while timed becomes a runtime_error and leaves `fns`.
+        A candidate that raises while timed becomes a runtime_error and leaves `fns`. One
+        that returned `gm.forward` itself (the "eager" backend) is the reference: it takes
+        the reference's timing rather than a second, noisy one of the same function.
         """
+        same = [k for k, f in fns.items() if f == gm.forward]  # bound methods compare equal
         while True:
             try:
-                timings = median_ms(
-                    {_EAGER_REF: gm.forward, **fns},
+                timings = measure(
+                    {_EAGER_REF: gm.forward, **{k: f for k, f in fns.items() if k not in same}},
                     reference.inputs(inputs),
+                    baseline=_EAGER_REF,
                     budget_s=self.measure_budget_s,
                 )
                 break
@@ -279,41 +309,66 @@ class Chain:
                     else a
                     for a in attempts
                 ]
-        eager_ms = timings[_EAGER_REF]
+        timings.update({k: timings[_EAGER_REF] for k in same})
         return [
             dataclasses.replace(
-                a, latency_ms=timings[a.backend], speedup=eager_ms / timings[a.backend]
+                a,
+                latency_ms=timings[a.backend].median_ms,
+                spread_ms=timings[a.backend].spread_ms,
+                speedup=timings[a.backend].speedup,
             )
             if a.backend in fns
             else a
             for a in attempts
-        ], eager_ms
+        ], timings
+
+    def _below_floor(self, name: str, timings: dict[str, Timing]) -> str | None:
+        """Why a passing backend loses to eager: measurably slower (ties are not losses)."""
+        timing, eager = timings[name], timings[_EAGER_REF]
+        if not self.eager_floor or name == EAGER or not timing.slower:
+            return None
+        return (
+            f"measurably slower than eager: {timing.describe()} vs eager "
+            f"{eager.median_ms:.3f} ± {eager.spread_ms:.3f} ms"
+        )
 
     def _too_slow(self, attempt: Attempt, backend: Backend) -> bool:
         if self.min_speedup is None or attempt.speedup is None:
             return False
         return attempt.speedup < self.min_speedup and backend is not self.backends[-1]
 
-    def _pick_fastest(self, attempts: list[Attempt]) -> list[Attempt]:
-        """Among passing attempts the fastest wins; eager wins unless beaten by 1%."""
+    def _pick_fastest(self, attempts: list[Attempt], eager: Timing | None) -> list[Attempt]:
+        """Among passing attempts the fastest wins; eager wins unless beaten by 1%.
+
+        With the floor (the default), eager competes whether or not the chain names it.
+        """
         passing = [a for a in attempts if a.status is Status.WON]
         if not passing:
             return attempts
-        best = min(passing, key=lambda a: a.latency_ms or float("inf"))
-        eager = next((a for a in passing if a.backend == "eager"), None)
+        best: Attempt | None = min(passing, key=lambda a: a.latency_ms or float("inf"))
+        named = next((a for a in passing if a.backend == EAGER), None)
+        eager_ms = named.latency_ms if named is not None else None
+        if self.eager_floor and eager is not None:
+            eager_ms = eager.median_ms
         if (
-            eager is not None
-            and best is not eager
-            and ((best.latency_ms or 0) > EAGER_BIAS * (eager.latency_ms or 0))
+            best is not None
+            and best is not named
+            and eager_ms is not None
+            and (best.latency_ms or 0) > EAGER_BIAS * eager_ms
         ):
-            best = eager
+            best = named  # None: the floor, which _run_candidates appends
+        against = (
+            f"{best.latency_ms:.3f} ms for {best.backend}"
+            if best is not None
+            else f"eager's {eager_ms:.3f} ms (a backend must beat eager by 1%)"
+        )
         return [
             a
             if a is best or a.status is not Status.WON
             else dataclasses.replace(
                 a,
                 status=Status.SLOWER,
-                reason=f"{a.latency_ms:.3f} ms vs {best.latency_ms:.3f} ms for {best.backend}",
+                reason=f"{a.latency_ms:.3f} ± {a.spread_ms or 0:.3f} ms vs {against}",
             )
             for a in attempts
         ]
@@ -324,7 +379,8 @@ class Chain:
         slow: dict[str, Callable[..., Any]],
         passed: dict[str, Callable[..., Any]],
     ) -> list[Attempt]:
-        """No candidate reached min_speedup: the fastest that passed verification wins anyway."""
+        """No candidate reached min_speedup: the fastest that passed verification wins anyway
+        (among those not measurably slower than eager: the others lost to the floor)."""
         candidates = [a for a in attempts if a.backend in slow]
         if not candidates:
             return attempts
@@ -336,8 +392,29 @@ class Chain:
             for a in attempts
         ]
 
+    def _floor_needed(self, attempts: list[Attempt]) -> bool:
+        """Backends passed verification but all lost to eager on speed: eager runs the graph."""
+        return (
+            self.eager_floor
+            and self.measure
+            and not any(a.status is Status.WON for a in attempts)
+            and any(a.status is Status.SLOWER for a in attempts)
+            and EAGER not in {a.backend for a in attempts}
+        )
+
+    def _floor_attempt(self, eager: Timing | None) -> Attempt:
+        """Eager as the floor: it runs the graph because no backend of the chain beat it."""
+        return Attempt(
+            EAGER,
+            Status.WON,
+            "the floor: no backend of the chain beat eager (eager_floor=False to opt out)",
+            latency_ms=eager.median_ms if eager else None,
+            spread_ms=eager.spread_ms if eager else None,
+            speedup=1.0 if eager else None,
+        )
+
     def _finish(
-        self, record: GraphRecord, attempts: tuple[Attempt, ...], eager_ms: float | None
+        self, record: GraphRecord, attempts: tuple[Attempt, ...], eager: Timing | None
     ) -> GraphRecord:
         """Store the graph's attempts and winner; rewrite the report file if there is one."""
         winner = next((a.backend for a in attempts if a.status is Status.WON), None)
@@ -345,7 +422,8 @@ class Chain:
             record,
             attempts=attempts,
             winner=winner,
-            eager_ms=eager_ms if eager_ms is not None else record.eager_ms,
+            eager_ms=eager.median_ms if eager is not None else record.eager_ms,
+            eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,
         )
         self.report.graphs[record.id] = record
         if self.report_path:

@@ -9,13 +9,15 @@ import os
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 from torch.fx.node import _get_qualified_name
+from torch.fx.operator_schemas import normalize_function
 
-# Ops whose outputs are random: graphs holding them cannot be compared with eager.
+# Ops whose outputs are random: graphs holding active ones cannot be compared with eager.
 _RANDOM_NAMES = frozenset(
     {
         "rand",
@@ -31,18 +33,31 @@ _RANDOM_NAMES = frozenset(
         "normal",
         "normal_",
         "uniform_",
-        "dropout",
-        "dropout_",
-        "feature_dropout",
-        "alpha_dropout",
-        "native_dropout",
         "exponential_",
         "geometric_",
         "cauchy_",
         "log_normal_",
         "random_",
         "poisson",
+    }
+)
+# Random only when switched on: the identity (rrelu: a fixed slope) unless training with p > 0.
+_GATED_NAMES = frozenset(
+    {
+        "dropout",
+        "dropout_",
+        "dropout1d",
+        "dropout2d",
+        "dropout3d",
+        "feature_dropout",
+        "feature_dropout_",
+        "alpha_dropout",
+        "alpha_dropout_",
+        "feature_alpha_dropout",
+        "feature_alpha_dropout_",
+        "native_dropout",
         "rrelu",
+        "rrelu_",
     }
 )
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -81,28 +96,75 @@ def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _inactive_dropout(node: fx.Node) -> bool:
-    """A dropout call that is the identity: training off (eval mode) or p == 0.
+def _gate(node: fx.Node) -> dict[str, Any] | None:
+    """The node's arguments by name (defaults filled in), or None when they cannot be bound."""
+    try:
+        bound = normalize_function(
+            node.target,  # type: ignore[arg-type]
+            node.args,
+            node.kwargs,
+            normalize_to_only_use_kwargs=True,
+        )
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return dict(bound.kwargs) if bound is not None else None
 
-    F.dropout(input, p, training, inplace), torch.dropout / native_dropout(input, p, train):
-    the flag is the third argument or a keyword, not the last one.
+
+def _active(node: fx.Node) -> str | None:
+    """Why a gated op (dropout, rrelu) is random here, or None when it is the identity.
+
+    Inactive only when the graph says so with constants: `training`/`train` False, or
+    dropout with p == 0. A flag or p that is a graph value (not a constant) counts as active.
     """
-    args, kwargs = node.args, node.kwargs
-    training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
-    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-    return training is False or p == 0
+    args = _gate(node)
+    if args is None:
+        return "arguments not bound"
+    flag = next((k for k in ("training", "train") if k in args), None)
+    if flag is not None and args[flag] is False:
+        return None
+    p = args.get("p")
+    if "dropout" in op_name(node) and isinstance(p, int | float) and p == 0:
+        return None
+    parts = [f"{flag}={args[flag]}" if flag else "", f"p={p}" if p is not None else ""]
+    return ", ".join(x for x in parts if x) or "active"
+
+
+@dataclass(frozen=True)
+class RandomNode:
+    """A node whose output differs from run to run: its name, its op and, if gated, why."""
+
+    node: str
+    op: str
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.op} at node {self.node}" + (f" ({self.why})" if self.why else "")
+
+
+def random_nodes(gm: fx.GraphModule) -> list[RandomNode]:
+    """The nodes that make the graph random; [] when it is not.
+
+    Dropout-like ops count only when active: eval-mode `F.dropout(x, p, training=False)`,
+    as transformers calls it, is the identity and leaves the graph verifiable.
+    """
+    found = []
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = op_name(node)
+        base = _short(name.replace(".default", "").replace(".Tensor", ""))
+        if base in _RANDOM_NAMES:
+            found.append(RandomNode(node.name, name))
+        elif base in _GATED_NAMES:
+            why = "method call" if node.op == "call_method" else _active(node)
+            if why is not None:
+                found.append(RandomNode(node.name, name, why))
+    return found
 
 
 def random_ops(gm: fx.GraphModule) -> list[str]:
-    """Names of the random ops in the graph (their outputs differ from run to run)."""
-    found = []
-    for node in gm.graph.nodes:
-        if node.op in ("call_function", "call_method"):
-            name = op_name(node)
-            base = _short(name.replace(".default", "").replace(".Tensor", ""))
-            if base in _RANDOM_NAMES and not ("dropout" in base and _inactive_dropout(node)):
-                found.append(name)
-    return found
+    """Names of the active random ops in the graph (their outputs differ from run to run)."""
+    return [r.op for r in random_nodes(gm)]
 
 
 # The `operator` functions that write to an operand (`and_`, `or_`, `not_` do not).

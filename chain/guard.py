@@ -33,7 +33,7 @@ class GuardedGraph:
         self.gm = gm
         self.fn = fn
         self.backend_index = backend_index
-        self.chain_details = {"graph": graph_id, "winner": chain.backends[backend_index].name}
+        self.chain_details = {"graph": graph_id, "winner": chain.backend_name(backend_index)}
 
     def __call__(self, *args: Any) -> Any:
         try:

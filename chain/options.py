@@ -99,6 +99,7 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "verify": boolean,
     "measure": boolean,
     "strict": boolean,
+    "eager_floor": boolean,
     "options": optional(backend_options),
     "report_path": optional(path),
     "min_speedup": optional(number(above=0)),

@@ -34,7 +34,16 @@ FAILURES = frozenset(
 )
 
 
-_NUMBERS = ("compile_s", "latency_ms", "speedup", "max_abs_err")
+_NUMBERS = (
+    "compile_s",
+    "latency_ms",
+    "speedup",
+    "max_abs_err",
+    "error",
+    "eager_error",
+    "error_ratio",
+    "spread_ms",
+)
 
 
 def number(value: Any, what: str) -> float | None:
@@ -56,7 +65,13 @@ class Attempt:
     compile_s: float | None = None
     latency_ms: float | None = None
     speedup: float | None = None
-    max_abs_err: float | None = None
+    max_abs_err: float | None = None  # largest |candidate - eager| over floating outputs
+    # RMSE against the graph run in float64 (the output that used most of its allowance),
+    # eager's on that output, and their ratio: None without a float64 reference
+    error: float | None = None
+    eager_error: float | None = None
+    error_ratio: float | None = None
+    spread_ms: float | None = None  # half-width of the 99% confidence interval of latency_ms
     retries: int = 0
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -95,6 +110,7 @@ class GraphRecord:
     attempts: tuple[Attempt, ...]
     winner: str | None
     eager_ms: float | None = None
+    eager_spread_ms: float | None = None  # half-width of the 99% confidence interval
     notes: tuple[str, ...] = ()
 
     @property
@@ -113,6 +129,7 @@ class GraphRecord:
             "inputs": list(self.inputs),
             "winner": self.winner,
             "eager_ms": self.eager_ms,
+            "eager_spread_ms": self.eager_spread_ms,
             "notes": list(self.notes),
             "attempts": [a.to_dict() for a in self.attempts],
         }
@@ -129,6 +146,9 @@ class GraphRecord:
             attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
             winner=data["winner"],
             eager_ms=number(data.get("eager_ms"), f"graph {data['id']}: eager_ms"),
+            eager_spread_ms=number(
+                data.get("eager_spread_ms"), f"graph {data['id']}: eager_spread_ms"
+            ),
             notes=tuple(data.get("notes", ())),
         )
 

@@ -21,8 +21,9 @@ from chain.records import FAILURES, GraphRecord, Status
 
 log = logging.getLogger("chain")
 
-VERSION = 1
-_NUMERIC = frozenset({"compile s", "latency ms", "speedup", "max err"})
+VERSION = 2  # 2: per attempt error, eager_error, error_ratio, spread_ms; eager_spread_ms
+READABLE = (1, 2)  # version 1 files load with those fields empty
+_NUMERIC = frozenset({"compile s", "latency ms", "speedup", "max err", "err/eager"})
 
 
 class ReportError(ValueError):
@@ -105,9 +106,10 @@ class Report:
     def from_dict(cls, data: Any, source: str = "report") -> Report:
         if not isinstance(data, dict) or "graphs" not in data:
             raise ReportError(f"{source}: not a backend-chain report (no 'graphs' key)")
-        if data.get("version") != VERSION:
+        if data.get("version") not in READABLE:
             raise ReportError(
-                f"{source}: report version {data.get('version')!r}, expected {VERSION}"
+                f"{source}: report version {data.get('version')!r}, "
+                f"expected one of {', '.join(map(str, READABLE))}"
             )
         try:
             return cls([GraphRecord.from_dict(g) for g in data["graphs"]])
@@ -134,6 +136,7 @@ class Report:
                         _fmt(a.latency_ms, ".3f"),
                         _fmt(a.speedup, ".2f"),
                         _fmt(a.max_abs_err, ".1e"),
+                        _fmt(a.error_ratio, ".2f"),
                         a.reason,
                     ]
                 )
@@ -147,6 +150,7 @@ class Report:
         "latency ms",
         "speedup",
         "max err",
+        "err/eager",
         "reason",
     )
     GRAPH_HEADERS = ("graph", "origin", "nodes", "eager ms", "winner", "notes")

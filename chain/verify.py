@@ -1,4 +1,6 @@
-"""Compare a candidate's outputs with eager's under dtype-aware tolerances, pytree by pytree."""
+"""Compare a candidate's outputs with eager's, pytree by pytree: structure, shapes, dtypes,
+exact integers, no new NaN/inf; floating values by the error rule against the float64
+reference (`chain.accuracy`), or under dtype tolerances when there is none."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-# (rtol, atol) per dtype: fp32 tight, reduced precision looser.
+from chain.accuracy import OutputError, output_error
+
+# (rtol, atol) per dtype, used only without a float64 reference: fp32 tight, low precision looser.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-7, 1e-7),
     torch.float32: (1e-4, 1e-5),
@@ -23,6 +27,7 @@ class Verdict:
 
     reason: str | None
     max_abs_err: float | None
+    worst: OutputError | None = None  # the output that used most of its allowance (fp64 rule)
 
 
 def _as_tuple(out: Any) -> Any:
@@ -30,9 +35,16 @@ def _as_tuple(out: Any) -> Any:
 
 
 def compare(
-    expected: Any, actual: Any, tolerances: dict[torch.dtype, tuple[float, float]] | None = None
+    expected: Any,
+    actual: Any,
+    tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
+    fp64: Any = None,
 ) -> Verdict:
-    """Match structure, shapes, dtypes and values; NaN where eager has none is a mismatch."""
+    """Match structure, shapes, dtypes and values; NaN/inf where eager has none is a mismatch.
+
+    With `fp64` (the graph's float64 outputs, same structure as `expected`), floating values
+    pass by the error rule; without it, under `tolerances` (default: TOLERANCES).
+    """
     tol = TOLERANCES | (tolerances or {})
     exp_leaves, exp_spec = pytree.tree_flatten(_as_tuple(expected))
     act_leaves, act_spec = pytree.tree_flatten(_as_tuple(actual))
@@ -42,7 +54,11 @@ def compare(
             f"({exp_spec}), got {len(act_leaves)} ({act_spec})",
             None,
         )
-    worst = 0.0
+    ref_leaves = pytree.tree_leaves(_as_tuple(fp64)) if fp64 is not None else None
+    if ref_leaves is not None and len(ref_leaves) != len(exp_leaves):
+        raise ValueError(f"{len(ref_leaves)} float64 outputs for {len(exp_leaves)} outputs")
+    biggest = 0.0
+    worst: OutputError | None = None
     for i, (exp, act) in enumerate(zip(exp_leaves, act_leaves, strict=True)):
         if not isinstance(exp, torch.Tensor):
             if exp != act:
@@ -61,15 +77,25 @@ def compare(
                 return Verdict(f"output {i}: {wrong} of {exp_c.numel()} values differ", None)
             continue
         new_nan = torch.isnan(act_c) & ~torch.isnan(exp_c)
-        if new_nan.any():
-            return Verdict(
-                f"output {i}: {int(new_nan.sum())} NaN value(s) where eager has none", None
-            )
+        new_inf = torch.isinf(act_c) & torch.isfinite(exp_c)
+        for what, new in (("NaN", new_nan), ("inf", new_inf)):
+            if new.any():
+                return Verdict(
+                    f"output {i}: {int(new.sum())} {what} value(s) where eager has none", biggest
+                )
         both = torch.isfinite(exp_c) & torch.isfinite(act_c)
         err = (
             float((exp_c[both].double() - act_c[both].double()).abs().max()) if both.any() else 0.0
         )
-        worst = max(worst, err)
+        biggest = max(biggest, err)
+        ref = ref_leaves[i] if ref_leaves is not None else None
+        if isinstance(ref, torch.Tensor) and exp_c.is_floating_point():
+            result = output_error(i, ref, exp_c, act_c)
+            if worst is None or result.severity > worst.severity:
+                worst = result
+            if not result.passed:
+                return Verdict(result.reason(), biggest, result)
+            continue
         rtol, atol = tol.get(exp.dtype, (0.0, 0.0))
         close = torch.isclose(act_c, exp_c, rtol=rtol, atol=atol, equal_nan=True)
         if not close.all():
@@ -77,6 +103,7 @@ def compare(
             return Verdict(
                 f"output {i}: {wrong} of {close.numel()} values not close, max abs err "
                 f"{err:.3g} (rtol={rtol:g}, atol={atol:g})",
+                biggest,
                 worst,
             )
-    return Verdict(None, worst)
+    return Verdict(None, biggest, worst)

@@ -133,9 +133,49 @@ class KthValue(nn.Module):
         return torch.kthvalue(self.fc(x), 2, dim=-1).values
 
 
+class DropoutResidual(nn.Module):
+    """Residual MLP blocks with nn.Dropout and layer norm, as transformer layers are built."""
+
+    def __init__(self, dim: int = 32, depth: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.Linear(dim, 2 * dim), nn.GELU(), nn.Dropout(0.1), nn.Linear(2 * dim, dim)
+            )
+            for _ in range(depth)
+        )
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = self.norm(x + self.drop(block(x)))
+        return x
+
+
+def tiny_bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A transformers BertModel from a tiny config (2 layers, hidden 32), random weights."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return BertModel(config), (torch.randint(0, 100, (2, 8)),)
+
+
 def build_extra(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """Models outside MODELS (kept out so loops over MODELS stay as they were)."""
     torch.manual_seed(0)
     if name == "kthvalue":
         return KthValue().eval(), (torch.randn(4, 16),)
+    if name == "dropout_residual":
+        return DropoutResidual().eval(), (torch.randn(4, 8, 32),)
+    if name == "bert":
+        model, args = tiny_bert()
+        return model.eval(), args
     raise ValueError(f"unknown extra test model {name!r}")

@@ -31,7 +31,7 @@ FAULTS = {
     "wrong_numbers": (
         faults.wrong_numbers,
         Status.MISMATCH,
-        "values not close, max abs err 1 (rtol=0.0001, atol=1e-05)",
+        "output 0: RMSE vs float64 1 is",
     ),
     "returns_nan": (faults.returns_nan, Status.MISMATCH, "NaN value(s) where eager has none"),
     "wrong_arity": (faults.wrong_arity, Status.MISMATCH, "output structure differs"),
@@ -122,7 +122,7 @@ def test_failure_while_timed_is_a_runtime_error() -> None:
 
 def test_graph_breaks_give_one_record_per_graph() -> None:
     model, args = build("graph_break")
-    backend = chain("inductor", "eager")
+    backend = chain("inductor", "eager", eager_floor=False)  # tiny graphs: eager is faster
     compile_and_check(model, args, backend)
     graphs = backend.report.graphs
     assert [g.id for g in graphs] == [0, 1]
@@ -136,7 +136,8 @@ def test_graph_breaks_give_one_record_per_graph() -> None:
 @pytest.mark.parametrize("model_name", ["cnn", "transformer"])
 def test_modes_on_real_models(mode: str, model_name: str) -> None:
     model, args = build(model_name)
-    backend = chain("inductor", "eager", mode=mode, measure_budget_s=0.05)
+    # the modes' rules, not the floor's: inductor may be slower than eager on this CPU
+    backend = chain("inductor", "eager", mode=mode, measure_budget_s=0.05, eager_floor=False)
     compile_and_check(model, args, backend)
     for graph in backend.report.graphs:
         statuses = {a.backend: a.status for a in graph.attempts}
@@ -195,7 +196,7 @@ def test_strict_raises_the_first_failure_as_is() -> None:
     with pytest.raises(Exception, match="converter exploded"):
         torch.compile(model, backend=chain(faults.raises_at_compile, "eager", strict=True))(*args)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="values not close") as info:
+    with pytest.raises(Exception, match="RMSE vs float64 1 is") as info:
         torch.compile(model, backend=chain(faults.wrong_numbers, "eager", strict=True))(*args)
     assert isinstance(unwrap(info.value), Mismatch)
 
@@ -218,7 +219,8 @@ def test_unavailable_backend_is_recorded_with_reason() -> None:
 def test_nested_chain_is_a_backend() -> None:
     model, args = build("mlp")
     inner = chain(faults.raises_at_compile, "eager")
-    outer = chain(faults.declines, inner)
+    # The inner chain's guard costs a few us per call: the floor would rightly pick eager.
+    outer = chain(faults.declines, inner, eager_floor=False)
     compile_and_check(model, args, outer)
     assert outer.report.graphs[0].winner == inner.name
     assert inner.report.graphs[0].attempts[0].status is Status.COMPILE_ERROR
@@ -242,12 +244,13 @@ def test_random_graphs_are_not_verified() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x + torch.rand_like(x)
 
-    backend = chain(faults.wrong_numbers, "eager")
+    backend = chain(faults.wrong_numbers, "eager", measure=False)
     torch.compile(fn, backend=backend)(torch.zeros(3))
     graph = backend.report.graphs[0]
     assert graph.winner == "wrong_numbers"
-    assert graph.attempts[0].reason == "not verified: random ops (torch.rand_like)"
-    assert graph.notes == ("not verified: random ops (torch.rand_like)",)
+    reason = "not verified: random ops (torch.rand_like at node rand_like)"
+    assert graph.attempts[0].reason == reason
+    assert graph.notes == (reason,)
 
 
 def test_verify_false_runs_unverified_and_says_so() -> None:

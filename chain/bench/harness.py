@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from backends.errors import Unsupported
+from chain.fp64 import fp64_inputs
 from chain.verify import compare
 
 Inputs = tuple[torch.Tensor, ...]
@@ -114,6 +115,16 @@ def _drop(result: Result, live: dict[str, Compiled], label: str, error: BaseExce
     live.pop(label, None)
 
 
+def fp64_outputs(model: nn.Module, inputs: Inputs) -> Any:
+    """The model's outputs in float64 (a copy), the reference the chain verifies against;
+    None when the model cannot run so (then outputs are compared under dtype tolerances)."""
+    try:
+        return copy.deepcopy(model).double()(*fp64_inputs(inputs))
+    except Exception as error:  # no float64 kernel, out of memory: say so, compare by tolerances
+        print(f"no float64 reference ({one_line(error)[1]}): compared under dtype tolerances")
+        return None
+
+
 def warm_dynamo() -> None:
     """Compile a trivial function once, so dynamo's first-use costs (imports, caches) are
     not charged to whichever candidate happens to compile first."""
@@ -128,8 +139,10 @@ def compile_candidates(
     candidates: Sequence[Candidate],
     expected: Any,
     step: Callable[[str], None] = lambda _: None,
+    fp64: Any = None,
 ) -> tuple[dict[str, Result], dict[str, Compiled]]:
-    """Build every runnable candidate and time its first call (the compile time)."""
+    """Build every runnable candidate and time its first call (the compile time); check its
+    outputs as the chain does (against float64 when `fp64` holds the model's float64 ones)."""
     results: dict[str, Result] = {}
     live: dict[str, Compiled] = {}
     device = _device(inputs)
@@ -149,7 +162,7 @@ def compile_candidates(
         except Exception as error:  # a failed candidate is a row with its reason, not a crash
             result.status, result.reason = one_line(error)
             continue
-        verdict = compare(expected, out)
+        verdict = compare(expected, out, fp64=fp64)
         result.max_abs_err = verdict.max_abs_err
         if verdict.reason:  # still timed: a wrong answer's speed is worth knowing, not winning
             result.status, result.reason = "mismatch", verdict.reason
@@ -173,7 +186,10 @@ def bench_model(
     device = _device(inputs)
     with torch.no_grad():
         expected = model(*inputs)
-        results, live = compile_candidates(model_name, model, inputs, candidates, expected, step)
+        fp64 = fp64_outputs(model, inputs)
+        results, live = compile_candidates(
+            model_name, model, inputs, candidates, expected, step, fp64
+        )
         step(f"{model_name}: warming up")
         for _ in range(settings.warmup):
             for label, compiled in list(live.items()):

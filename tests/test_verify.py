@@ -1,0 +1,203 @@
+"""Verification against float64: real models in eval verified, wrong answers rejected,
+correct low-precision results kept, random graphs named by the node that makes them so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from chain import Chain, Status, accuracy, chain, graphinfo
+from chain.fp64 import fp64_graph, run_fp64
+from chain.verify import compare
+from tests import faults
+from tests.models import build, build_extra
+
+FAULTS = {
+    "perturbed": faults.perturbed,
+    "drops_residual": faults.drops_residual,
+    "stale": faults.stale,
+}
+
+
+def _run(model_name: str, backend: Any, dtype: torch.dtype = torch.float32) -> Chain:
+    """Compile a test model with chain(*backend, 'eager') and call it once (no timing)."""
+    model, args = build_extra(model_name) if model_name != "transformer" else build(model_name)
+    model = model.to(dtype)
+    args = tuple(x.to(dtype) if x.is_floating_point() else x for x in args)
+    backends = backend if isinstance(backend, tuple) else (backend,)
+    c = chain(*backends, "eager", measure=False)
+    with torch.no_grad():
+        torch.compile(model, backend=c)(*args)
+    return c
+
+
+def _verified(c: Chain) -> None:
+    for graph in c.report.graphs:
+        assert not any(n.startswith(("not verified", "no float64")) for n in graph.notes)
+
+
+# -- random ops ---------------------------------------------------------------------------
+
+
+def test_eval_dropout_is_not_random_and_active_dropout_names_its_node() -> None:
+    def inactive(x: torch.Tensor) -> torch.Tensor:
+        y = F.dropout(x, 0.1, training=False) + F.dropout(x, 0.1, False, False)
+        y = y + F.dropout(x, 0.0) + torch.dropout(x, 0.2, False)
+        return y + torch.ops.aten.native_dropout.default(x, 0.2, False)[0] + F.rrelu(x)
+
+    def active(x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, 0.1) + torch.ops.aten.native_dropout.default(x, 0.2, True)[0]
+
+    assert graphinfo.random_nodes(torch.fx.symbolic_trace(inactive)) == []
+    found = [str(r) for r in graphinfo.random_nodes(torch.fx.symbolic_trace(active))]
+    assert found == [
+        "torch.nn.functional.dropout at node dropout (training=True, p=0.1)",
+        "aten.native_dropout.default at node native_dropout_default (train=True, p=0.2)",
+    ]
+
+
+def test_training_dropout_graph_is_unverified_and_says_which_node() -> None:
+    model, args = build_extra("dropout_residual")
+    c = chain(faults.perturbed, "eager", measure=False)
+    torch.compile(model.train(), backend=c)(*args)
+    [graph] = c.report.graphs
+    assert graph.winner == "perturbed"  # random: it cannot be compared, so it is not rejected
+    assert graph.notes[0].startswith("not verified: random ops (torch.nn.functional.dropout")
+    assert "training=True, p=0.1" in graph.notes[0]
+
+
+# -- real models in eval: verified, faults rejected ------------------------------------------
+
+
+def test_eval_model_with_dropout_is_verified_and_inductor_passes() -> None:
+    c = _run("dropout_residual", "inductor")
+    _verified(c)
+    [graph] = c.report.graphs
+    won = graph.attempts[0]
+    assert (won.backend, won.status, won.reason) == ("inductor", Status.WON, "")
+    assert won.error is not None and won.eager_error is not None
+    assert won.error <= accuracy.MULTIPLE * won.eager_error + 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("model_name", ["bert", "dropout_residual"])
+def test_faults_are_mismatches_with_both_errors(model_name: str, dtype: torch.dtype) -> None:
+    c = _run(model_name, tuple(FAULTS.values()), dtype)
+    _verified(c)
+    [graph] = c.report.graphs
+    *wrong, eager = graph.attempts
+    assert [(a.backend, a.status) for a in wrong] == [(f, Status.MISMATCH) for f in FAULTS]
+    for a in wrong:
+        assert a.error_ratio is not None and a.error_ratio > accuracy.MULTIPLE
+        assert a.error is not None and a.eager_error is not None
+        assert f"RMSE vs float64 {a.error:.3g} is" in a.reason
+        assert f"eager's {a.eager_error:.3g}" in a.reason
+    assert eager.status is Status.WON
+
+
+# -- low precision: rounding is not a wrong answer ------------------------------------------
+
+
+@pytest.mark.parametrize("model_name", ["dropout_residual", "transformer"])
+def test_bf16_inductor_passes_where_faults_fail(model_name: str) -> None:
+    c = _run(model_name, "inductor", torch.bfloat16)
+    _verified(c)
+    first = c.report.graphs[0].attempts[0]
+    assert first.status is Status.WON, first.reason
+    assert first.error_ratio is not None and first.error_ratio <= accuracy.MULTIPLE
+    torch._dynamo.reset()
+    wrong = _run(model_name, faults.perturbed, torch.bfloat16).report.graphs[0].attempts[0]
+    assert wrong.status is Status.MISMATCH
+
+
+def test_bf16_onnxruntime_is_never_a_mismatch() -> None:
+    """ONNX Runtime's CPU provider has no bf16 MatMul: it declines, it is not called wrong."""
+    first = _run("dropout_residual", "onnxruntime", torch.bfloat16).report.graphs[0].attempts[0]
+    assert first.status in (Status.WON, Status.UNSUPPORTED), first.reason
+    if first.status is Status.WON:
+        assert first.error_ratio is not None and first.error_ratio <= accuracy.MULTIPLE
+    else:
+        assert "NOT_IMPLEMENTED" in first.reason
+
+
+def test_bf16_correct_result_that_fixed_tolerances_reject_passes() -> None:
+    """One value off by 2 ulp of bf16 in a rounding-sized way: tolerances say mismatch,
+    the error rule (eager is as far from float64) says pass."""
+    torch.manual_seed(0)
+    exact = torch.randn(4096, dtype=torch.float64) * 4
+    eager = exact.to(torch.bfloat16)
+    candidate = (exact * (1 + 2e-3 * torch.randn_like(exact))).to(torch.bfloat16)
+    candidate[0] = eager[0] + 8 * torch.finfo(torch.bfloat16).eps * eager[0].abs() + 0.02
+    assert compare(eager, candidate).reason is not None
+    verdict = compare(eager, candidate, fp64=exact)
+    assert verdict.reason is None and verdict.worst is not None
+    assert verdict.worst.ratio is not None and verdict.worst.ratio < accuracy.MULTIPLE
+
+
+# -- the float64 reference -------------------------------------------------------------------
+
+
+def test_fp64_graph_widens_casts_and_leaves_the_original() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x.half().float() + torch.ones(3, dtype=torch.float32)
+        return y.to(torch.bfloat16).to(x.dtype) * 3
+
+    gm = torch.fx.symbolic_trace(fn)
+    before = gm.code
+    out = fp64_graph(gm)(torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert out.dtype == torch.float64
+    assert out.tolist() == pytest.approx([4.0] * 3, abs=1e-12)  # no fp16/bf16 rounding left
+    assert gm.code == before
+    assert run_fp64(gm, [torch.full((3,), 1 / 3)]).dtype == torch.float64
+
+
+@torch.library.custom_op("chain_test::fp32_only", mutates_args=())
+def _fp32_only(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.float64:
+        raise NotImplementedError("no float64 kernel")
+    return x * 2
+
+
+@_fp32_only.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_no_fp64_kernel_falls_back_to_tolerances_and_says_so() -> None:
+    c = chain(faults.wrong_numbers, "eager", measure=False)
+    torch.compile(lambda x: _fp32_only(x) + 1, backend=c)(torch.randn(8))
+    [graph] = c.report.graphs
+    assert any(
+        n.startswith("no float64 reference (NotImplementedError: no float64 kernel)")
+        and n.endswith("verified with dtype tolerances")
+        for n in graph.notes
+    )
+    first = graph.attempts[0]
+    assert first.status is Status.MISMATCH and "values not close" in first.reason
+    assert first.error is None and graph.winner == "eager"
+
+
+# -- the error rule --------------------------------------------------------------------------
+
+
+def test_rule_floor_admits_rounding_where_eager_is_exact() -> None:
+    exact = torch.linspace(-3, 3, 1000, dtype=torch.float64)
+    eager = exact.float()  # eager rounds once
+    other = (exact * (1 + 2**-24)).float()  # another rounding of the same value
+    result = accuracy.output_error(0, exact, eager, other)
+    assert result.passed
+    result = accuracy.output_error(0, exact, eager, (exact * (1 + 1e-4)).float())
+    assert not result.passed and "allowed 3x eager + floor" in result.reason()
+
+
+def test_new_inf_or_nan_is_a_mismatch_exact_ints_compared() -> None:
+    exact = torch.ones(4, dtype=torch.float64)
+    bad = torch.tensor([1.0, float("inf"), 1.0, 1.0])
+    assert "1 inf value(s) where eager has none" in str(compare(exact.float(), bad, fp64=exact))
+    nan = torch.tensor([1.0, float("nan"), 1.0, 1.0])
+    assert "1 NaN value(s)" in str(compare(exact.float(), nan, fp64=exact).reason)
+    ints = torch.arange(4)
+    assert compare(ints, ints + (ints == 3), fp64=ints).reason == "output 0: 1 of 4 values differ"
