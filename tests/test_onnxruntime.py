@@ -198,3 +198,20 @@ def test_cuda_parity_through_iobinding(name: str) -> None:
         torch.testing.assert_close(out, model(*args), rtol=1e-3, atol=1e-3)
     assert run.runners and "CUDAExecutionProvider" in run.runners[0].chain_details["providers"]
     assert out.device.type == "cuda"
+
+
+def test_tensorrt_ep_probe_says_why_not_without_its_library() -> None:
+    """onnxruntime (CPU) ships no TensorRT EP library: the probe says so, quietly."""
+    from backends.onnxruntime.session import tensorrt_ep_loads
+
+    reason = tensorrt_ep_loads()
+    assert reason is not None and "TensorRT EP" in reason
+
+
+@pytest.mark.cuda
+def test_tensorrt_ep_is_chosen_only_when_it_loads() -> None:
+    from backends.onnxruntime.session import default_providers, tensorrt_ep_loads
+
+    names = [p if isinstance(p, str) else p[0] for p in default_providers(torch.device("cuda"))]
+    assert ("TensorrtExecutionProvider" in names) == (tensorrt_ep_loads() is None)
+    assert names[-2:] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
