@@ -215,3 +215,25 @@ def test_tensorrt_ep_is_chosen_only_when_it_loads() -> None:
     names = [p if isinstance(p, str) else p[0] for p in default_providers(torch.device("cuda"))]
     assert ("TensorrtExecutionProvider" in names) == (tensorrt_ep_loads() is None)
     assert names[-2:] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+@pytest.mark.cuda
+def test_cuda_on_a_side_stream_and_in_place_writes() -> None:
+    """Called from another stream than the one ORT was bound to, and writing to its input:
+    the streams wait on each other on the device, and the write lands in the caller's x."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    x = torch.randn(64, device="cuda")
+    expected_x, expected = x + 1, (x + 1) * 2
+    compiled = torch.compile(f, backend=BACKEND)
+    with torch.no_grad():
+        compiled(x.clone())  # compiled on the default stream
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            out = compiled(x)
+        torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, expected_x)

@@ -61,13 +61,10 @@ class Frozen:
 
     @classmethod
     def snapshot(cls, positions: Sequence[int], inputs: Sequence[object]) -> Frozen:
-        pairs = [(i, t) for i, t in zip(positions, (inputs[i] for i in positions), strict=True)]
-        kept = [(i, t) for i, t in pairs if isinstance(t, torch.Tensor)]
-        return cls(
-            tuple(i for i, _ in kept),
-            tuple(t for _, t in kept),
-            tuple(_version(t) for _, t in kept),
-        )
+        """The frozen tensors among `inputs`, their identity and version now."""
+        kept = [i for i in positions if isinstance(inputs[i], torch.Tensor)]
+        tensors = tuple(inputs[i] for i in kept)
+        return cls(tuple(kept), tensors, tuple(map(_version, tensors)))  # type: ignore[arg-type]
 
     def getter(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
         """args -> the frozen positions' arguments, as a tuple (one C call)."""

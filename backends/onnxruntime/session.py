@@ -95,7 +95,10 @@ def session_options(
 
     Spinning is off by default: every graph gets its own session and thread pool, and
     idle pools that spin steal the cores from torch's threads and from each other (on
-    2 cores, eager ResNet went from 12 ms to 670 ms between spinning ORT calls).
+    2 cores, eager ResNet went from 12 ms to 670 ms between spinning ORT calls; the
+    direct ConvNeXt ran 12.8 ms without spinning, 28.2 ms with it, 44.6 ms with ORT's
+    defaults: `benchmarks/ort_overhead.py --sweep`). Threads default to ORT's (one per
+    physical core): 1 thread was slower than 2 on 2 cores, even with the other core busy.
     """
     import onnxruntime as ort
 
