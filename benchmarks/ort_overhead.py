@@ -1,178 +1,159 @@
-"""How close the onnxruntime backend gets to ONNX Runtime itself, per model family.
+"""How close the onnxruntime backend gets to ONNX Runtime itself, and where the gap goes.
 
-For a ResNet-like CNN, a BERT-style encoder and a ViT-style model (random weights, built
-from code), the median latency of: eager; `torch.compile(m, backend="eager")` (the fixed
-cost every dynamo backend pays per call); `torch.compile(m, backend=<our ORT backend>)`;
-`runner` (our compiled callable called without dynamo); the chain
-`chain("onnxruntime", "eager")`; and ONNX Runtime on the model exported directly with
-`torch.onnx.export`, with the same session options; and `dynamo+direct`, that same direct
-ORT call returned by a `torch.compile` backend: dynamo's own per-call cost (guards over every
-parameter input, frame handling) under the same cache pressure as ours. `ours/dyn+dir` is
-therefore the backend's own overhead; `dynamo fixed` is dynamo+direct minus direct.
+Models: transformers DistilBERT (3 layers, 4x48 tokens), ConvNeXt and Swin (batch 8,
+64x64 images), from small configs with random weights, and the suite's bert/gpt/vit
+(`benchmarks/models.py`). Per model, the median latency of, side by side in one process:
 
-All variants run in one process, interleaved: each round, every variant makes one untimed
-call (so it is not charged for the previous variant's cache or threads), then `--calls`
-timed calls; the table shows the median over `--rounds` rounds.
+- `direct`: ONNX Runtime on `torch.onnx.export(model, args, dynamo=True)`, bare
+  `sess.run`, with the backend's session options (`--sweep` compares session options);
+- `graph`: a bare session on the backend's own ONNX model, same options (the graph's part);
+- `runner`: the backend's compiled callable without dynamo (its per-call Python work);
+- `compile`: `torch.compile(m, backend=onnxruntime)` (adds dynamo's per-call cost);
+- `dyn+direct`: the direct session returned by a torch.compile backend (dynamo's cost alone);
+- `chain`: `torch.compile(m, backend=chain("onnxruntime", "eager"))`;
+- `eager`, timed after the others (torch's idle OpenMP threads spin and would slow
+  whichever variant comes next).
 
-    python benchmarks/ort_overhead.py [--rounds 40] [--calls 5] [--threads N] [--spin]
+Each round, every variant makes one untimed call (so it is not charged for the previous
+variant's caches or threads), then `--calls` timed calls; medians over `--rounds` rounds,
+variants in rotated order. `--graphs` prints, per model, the node count and op histogram
+of both ONNX models after ONNX Runtime's optimizations (fusions show as Attention,
+SkipLayerNormalization, FusedMatMul, ...).
+
+    python benchmarks/ort_overhead.py [--models distilbert convnext swin bert gpt vit]
+        [--rounds 30] [--calls 5] [--threads N] [--spin] [--graphs] [--busy]
+
+`--busy` keeps one extra process spinning on a core while timing (a shared machine).
+`--device cuda` times on CUDA (fp16 with `--half`), the direct run with IOBinding on
+torch memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import math
+import multiprocessing
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends import lookup_backend
 from backends.common.onnx_export import quiet
-from backends.onnxruntime.session import session_options
+from backends.onnxruntime.session import default_providers, session_options
+from benchmarks.models import SUITE
+
+Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
 
 
-class Block(nn.Module):
-    """A ResNet basic block: two 3x3 convs with batch norm and a residual."""
+class Unwrapped(nn.Module):
+    """A transformers model returning a plain tuple (the direct export wants tensors out)."""
 
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.b1 = nn.BatchNorm2d(cout)
-        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.b2 = nn.BatchNorm2d(cout)
-        self.skip = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout
-            else nn.Identity()
-        )
+        self.model = model
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(*args)
+        return tuple(v for v in out.values() if isinstance(v, torch.Tensor))
 
 
-class ResNetish(nn.Module):
-    def __init__(self, widths: tuple[int, ...] = (32, 64, 128), classes: int = 100) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1), nn.BatchNorm2d(widths[0]))
-        blocks, cin = [], widths[0]
-        for i, w in enumerate(widths):
-            blocks += [Block(cin, w, 1 if i == 0 else 2), Block(w, w, 1)]
-            cin = w
-        self.blocks = nn.Sequential(*blocks)
-        self.head = nn.Linear(cin, classes)
+def distilbert() -> Built:
+    from transformers import DistilBertConfig, DistilBertModel
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.blocks(F.relu(self.stem(x)))
-        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+    config = DistilBertConfig(
+        vocab_size=1000, dim=256, n_layers=3, n_heads=4, hidden_dim=1024,
+        max_position_embeddings=128,
+    )  # fmt: skip
+    ids = torch.randint(0, 1000, (4, 48))
+    return Unwrapped(DistilBertModel(config)), (ids, torch.ones(4, 48, dtype=torch.long))
 
 
-class BertLayer(nn.Module):
-    """BERT's layer spelled out as BERT implementations do: q/k/v linears, post-norm."""
+def convnext() -> Built:
+    from transformers import ConvNextConfig, ConvNextModel
 
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-
-        def split(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads) + mask
-        ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, d)
-        x = self.ln1(x + self.o(ctx))
-        return self.ln2(x + self.down(F.gelu(self.up(x))))
+    config = ConvNextConfig(
+        hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1], image_size=64, num_labels=10
+    )
+    return Unwrapped(ConvNextModel(config)), (torch.randn(8, 3, 64, 64),)
 
 
-class Bert(nn.Module):
-    def __init__(self, vocab: int = 8000, dim: int = 256, heads: int = 4, depth: int = 4) -> None:
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(512, dim)
-        self.ln = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(BertLayer(dim, heads) for _ in range(depth))
-        self.pool = nn.Linear(dim, dim)
+def swin() -> Built:
+    from transformers import SwinConfig, SwinModel
 
-    def forward(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.ln(self.tok(ids) + self.pos(positions))
-        mask = (1.0 - attention[:, None, None, :].to(x.dtype)) * -10000.0
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x, torch.tanh(self.pool(x[:, 0]))
+    config = SwinConfig(
+        image_size=64, patch_size=4, embed_dim=32, depths=[1, 2, 2],
+        num_heads=[2, 4, 8], window_size=4,
+    )  # fmt: skip
+    return Unwrapped(SwinModel(config)), (torch.randn(8, 3, 64, 64),)
 
 
-class ViT(nn.Module):
-    """Patch embedding, class token, nn.TransformerEncoder (its fused fast path), head."""
-
-    def __init__(self, image: int = 64, patch: int = 8, dim: int = 256, depth: int = 4) -> None:
-        super().__init__()
-        self.embed = nn.Conv2d(3, dim, patch, patch)
-        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
-        self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(
-            dim, 4, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
-        )
-        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
-        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 100)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
-        return self.head(self.norm(self.encoder(x))[:, 0])
+def suite(name: str) -> Callable[[], Built]:
+    return lambda: SUITE[name].builder(8, False)
 
 
-def models() -> dict[str, tuple[nn.Module, tuple[torch.Tensor, ...]]]:
-    torch.manual_seed(0)
-    ids = torch.randint(0, 8000, (2, 64))
-    return {
-        "resnet": (ResNetish().eval(), (torch.randn(4, 3, 32, 32),)),
-        "bert": (Bert(depth=2).eval(), (ids, torch.ones(2, 64, dtype=torch.int64))),
-        "vit": (ViT(image=32, patch=4, depth=2).eval(), (torch.randn(2, 3, 32, 32),)),
-    }
+MODELS: dict[str, Callable[[], Built]] = {
+    "distilbert": distilbert,
+    "convnext": convnext,
+    "swin": swin,
+    **{name: suite(name) for name in ("bert", "gpt", "vit")},
+}
 
 
-def direct_ort(
-    model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | None, spin: bool
-) -> Callable:
-    """ONNX Runtime on the model exported directly; same session options as the backend."""
+def ort_session(model: bytes, options: Any, device: torch.device) -> Any:
     import onnxruntime as ort
 
+    return ort.InferenceSession(model, options, providers=default_providers(device))
+
+
+def bare_run(session: Any, device: torch.device) -> Callable[..., Any]:
+    """`sess.run` on numpy views (CPU) or IOBinding on torch memory (CUDA), nothing else."""
+    names = [i.name for i in session.get_inputs()]
+    outputs = [o.name for o in session.get_outputs()]
+    if device.type == "cpu":
+
+        def run(*xs: torch.Tensor) -> Any:
+            return session.run(outputs, {n: x.numpy() for n, x in zip(names, xs, strict=True)})
+
+        return run
+    from backends.onnxruntime.runtime import numpy_dtype
+
+    binding = session.io_binding()
+
+    def run_cuda(*xs: torch.Tensor) -> Any:
+        for n, x in zip(names, xs, strict=True):
+            binding.bind_input(n, "cuda", 0, numpy_dtype(x.dtype), tuple(x.shape), x.data_ptr())
+        for o in outputs:
+            binding.bind_output(o, "cuda", 0)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
+
+    return run_cuda
+
+
+def direct_model(model: nn.Module, args: tuple[torch.Tensor, ...]) -> bytes:
     with quiet():
         program = torch.onnx.export(model, args, dynamo=True, verbose=False, report=False)
-    options = session_options("all", threads, spin)
-    session = ort.InferenceSession(
-        program.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    names = [i.name for i in session.get_inputs()]
-
-    def run(*xs: torch.Tensor) -> Any:
-        outs = session.run(None, {n: x.numpy() for n, x in zip(names, xs, strict=True)})
-        return [torch.from_numpy(o) for o in outs]
-
-    return run
+    return program.model_proto.SerializeToString()
 
 
 def variants(
-    model: nn.Module, args: tuple[torch.Tensor, ...], threads: int | None, spin: bool
-) -> dict[str, Callable]:
-    ort_backend = lookup_backend("onnxruntime")
-    options: dict[str, Any] = {"allow_spinning": spin}
-    if threads is not None:
-        options["intra_op_num_threads"] = threads
+    model: nn.Module, args: tuple[torch.Tensor, ...], options: dict[str, Any]
+) -> tuple[dict[str, Callable], dict[str, bytes]]:
+    """Every variant of the table, compiled and ready, and the two ONNX models."""
+    from chain import chain
 
+    device = args[0].device
+    ort_backend = lookup_backend("onnxruntime")
     built: list[tuple[Callable, list[Any]]] = []
 
     def ours(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
@@ -185,81 +166,192 @@ def variants(
     if len(built) != 1:
         raise RuntimeError(f"expected one graph, dynamo made {len(built)}")
     runner, inputs = built[0]
-    found: dict[str, Callable] = {
-        "eager": model,
-        "compile(eager)": torch.compile(model, backend="eager"),
-        "compile(ort)": compiled,
-        "runner": lambda *_: runner(*inputs),  # our callable alone, without dynamo's cost
-    }
-    try:
-        from chain import chain
-    except ImportError:
-        chain = None
-    if chain is not None:
-        b = chain("onnxruntime", "eager", options={"onnxruntime": options})
-        found["chain(ort)"] = torch.compile(model, backend=b)
-    direct = direct_ort(model, args, threads, spin)
-    found["direct ort"] = direct
+    fed = [inputs[i] for i in runner.graph.input_positions]
+    threads = options.get("intra_op_num_threads")
+    spin = options.get("allow_spinning", False)
+    ours_options = session_options("all", threads, spin)
+    direct_bytes = direct_model(model, args)
+    direct = bare_run(ort_session(direct_bytes, ours_options, device), device)
+    graph = bare_run(ort_session(runner.chain_payload, ours_options, device), device)
+    backend = chain("onnxruntime", "eager", options={"onnxruntime": options}, measure=False)
 
     def through_dynamo(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        return lambda *_: direct(*args)  # dynamo's guards and frame handling around direct ORT
+        return lambda *_: direct(*args)
 
-    found["dynamo+direct"] = torch.compile(model, backend=through_dynamo)
-    return found
+    runs = {
+        "direct": lambda *_: direct(*args),
+        "graph": lambda *_: graph(*fed),
+        "runner": lambda *_: runner(*inputs),
+        "compile": compiled,
+        "dyn+direct": torch.compile(model, backend=through_dynamo),
+        "chain": torch.compile(model, backend=backend),
+    }
+    return runs, {"ours": runner.chain_payload, "direct": direct_bytes}
 
 
-def bench(rounds: int, calls: int, threads: int | None, spin: bool) -> list[dict[str, Any]]:
-    rows = []
-    for name, (model, args) in models().items():
-        with torch.no_grad():
-            runs = variants(model, args, threads, spin)
-            for fn in runs.values():  # compile + warm up
-                for _ in range(3):
-                    fn(*args)
-            times: dict[str, list[float]] = {k: [] for k in runs}
-            for _ in range(rounds):
-                for key, fn in runs.items():
-                    fn(*args)  # untimed: the previous variant's caches and spinning threads
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        fn(*args)
-                    times[key].append((time.perf_counter() - start) * 1e3 / calls)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append({"model": name, **med})
-    return rows
+def time_runs(
+    runs: dict[str, Callable], args: tuple[torch.Tensor, ...], rounds: int, calls: int
+) -> dict[str, float]:
+    """Median ms per call of each variant, interleaved in rotated order."""
+    cuda = args[0].is_cuda
+    for fn in runs.values():
+        for _ in range(3):
+            fn(*args)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    keys = list(runs)
+    for r in range(rounds):
+        order = keys[r % len(keys) :] + keys[: r % len(keys)]
+        for key in order:
+            fn = runs[key]
+            fn(*args)
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            if cuda:
+                torch.cuda.synchronize()
+            times[key].append((time.perf_counter() - start) * 1e3 / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+SWEEP = {  # session option variants of the direct model: (intra-op threads, spinning)
+    "1 thread": (1, False),
+    "2 threads": (2, False),
+    "2 threads+spin": (2, True),
+    "ORT defaults": (None, None),
+}
+
+
+def sweep_runs(model: nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str, Callable]:
+    """The direct model under each session option variant of SWEEP."""
+    device = args[0].device
+    data = direct_model(model, args)
+    runs: dict[str, Callable] = {}
+    for label, (threads, spin) in SWEEP.items():
+        options = None if spin is None else session_options("all", threads, spin)
+        run = bare_run(ort_session(data, options, device), device)
+        runs[label] = lambda *_, run=run: run(*args)
+    return runs
+
+
+def optimized_ops(
+    model: bytes, options: dict[str, Any], device: torch.device
+) -> collections.Counter:
+    """Op histogram of the model after ONNX Runtime's graph optimizations."""
+    import onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "optimized.onnx")
+        so = session_options("all", options.get("intra_op_num_threads"))
+        so.optimized_model_filepath = path
+        ort_session(model, so, device)
+        proto = onnx.load(path)
+    return collections.Counter(n.op_type for n in proto.graph.node)
+
+
+def print_graphs(name: str, models: dict[str, bytes], options: dict[str, Any], device: Any) -> None:
+    import onnx
+
+    for which, data in models.items():
+        proto = onnx.load_from_string(data)
+        raw = collections.Counter(n.op_type for n in proto.graph.node)
+        inputs = [i.name for i in proto.graph.input]
+        opt = optimized_ops(data, options, device)
+        print(
+            f"{name:>10} {which:>6}: exported {sum(raw.values())} nodes, "
+            f"{len(proto.graph.initializer)} initializers, {len(inputs)} inputs; "
+            f"after ORT {sum(opt.values())} nodes: "
+            + ", ".join(f"{k} {v}" for k, v in opt.most_common())
+        )
+
+
+def print_sweep(rows: list[dict[str, Any]], keys: list[str], ns: argparse.Namespace) -> None:
+    print(
+        f"direct model, median ms per call, {ns.rounds} rounds x {ns.calls} calls, interleaved, "
+        f"torch threads {torch.get_num_threads()}, other core {'busy' if ns.busy else 'free'}"
+    )
+    print(" | ".join(f"{h:>14}" for h in ["model", *keys]))
+    for row in rows:
+        print(" | ".join(f"{c:>14}" for c in [row["model"], *(f"{row[k]:.3f}" for k in keys)]))
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        pass
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=5, help="timed calls per variant per round")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="ORT intra-op threads and torch threads"
-    )
+    parser.add_argument("--threads", type=int, default=None, help="ORT intra-op threads")
     parser.add_argument("--spin", action="store_true", help="let ORT's idle threads spin")
-    ns = parser.parse_args()
-    if ns.threads is not None:
-        torch.set_num_threads(ns.threads)
-    rows = bench(ns.rounds, ns.calls, ns.threads, ns.spin)
-    keys = [k for k in rows[0] if k != "model"]
-    print(
-        f"median ms per call over {ns.rounds} interleaved rounds of {ns.calls} calls "
-        f"(after one untimed call), torch threads {torch.get_num_threads()}, "
-        f"ORT intra-op threads {ns.threads or 'default'}, spinning {'on' if ns.spin else 'off'}"
+    parser.add_argument("--graphs", action="store_true", help="print optimized op histograms")
+    parser.add_argument("--busy", action="store_true", help="keep one core busy meanwhile")
+    parser.add_argument(
+        "--sweep", action="store_true", help="time session option variants of the direct model"
     )
-    header = ["model", *keys, "dynamo fixed", "runner/direct", "ours/direct", "ours/dyn+dir"]
-    if "chain(ort)" in keys:
-        header.append("chain/direct")
-    print(" | ".join(f"{h:>14}" for h in header))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--half", action="store_true", help="fp16 (CUDA)")
+    ns = parser.parse_args()
+    device = torch.device(ns.device)
+    options: dict[str, Any] = {"allow_spinning": ns.spin}
+    if ns.threads is not None:
+        options["intra_op_num_threads"] = ns.threads
+    stop = multiprocessing.Event()
+    busy = multiprocessing.Process(target=_spin, args=(stop,), daemon=True)
+    if ns.busy:
+        busy.start()
+    rows = []
+    try:
+        for name in ns.models:
+            torch.manual_seed(0)
+            model, args = MODELS[name]()
+            dtype = torch.float16 if ns.half else torch.float32
+            model = model.eval().to(device, dtype)
+            args = tuple(a.to(device, dtype if a.is_floating_point() else a.dtype) for a in args)
+            torch._dynamo.reset()
+            with torch.inference_mode():
+                if ns.sweep:
+                    runs = sweep_runs(model, args)
+                else:
+                    runs, graphs = variants(model, args, options)
+                    if ns.graphs:
+                        print_graphs(name, graphs, options, device)
+                eager = runs.pop("eager", model)
+                row = {"model": name, **time_runs(runs, args, ns.rounds, ns.calls)}
+                row.update(time_runs({"eager": eager}, args, max(3, ns.rounds // 5), ns.calls))
+                rows.append(row)
+    finally:
+        stop.set()
+    keys = [k for k in rows[0] if k != "model"]
+    if ns.sweep:
+        print_sweep(rows, keys, ns)
+        return
+    print(
+        f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, interleaved, one process; "
+        f"torch threads {torch.get_num_threads()}, ORT threads {ns.threads or 'default'}, "
+        f"spinning {'on' if ns.spin else 'off'}, other core {'busy' if ns.busy else 'free'}"
+    )
+    ratios = ["chain/direct", "graph/direct", "runner/graph", "compile/runner", "chain/compile"]
+    print(" | ".join(f"{h:>12}" for h in ["model", *keys, *ratios]))
+    chain_ratios = []
     for row in rows:
-        cells = [row["model"], *(f"{row[k]:.3f}" for k in keys)]
-        cells.append(f"{row['dynamo+direct'] - row['direct ort']:+.3f}")
-        cells.append(f"{row['runner'] / row['direct ort']:.3f}")
-        cells.append(f"{row['compile(ort)'] / row['direct ort']:.3f}")
-        cells.append(f"{row['compile(ort)'] / row['dynamo+direct']:.3f}")
-        if "chain(ort)" in row:
-            cells.append(f"{row['chain(ort)'] / row['direct ort']:.3f}")
-        print(" | ".join(f"{c:>14}" for c in cells))
+        chain_ratios.append(row["chain"] / row["direct"])
+        cells = [
+            row["model"],
+            *(f"{row[k]:.3f}" for k in keys),
+            f"{row['chain'] / row['direct']:.3f}",
+            f"{row['graph'] / row['direct']:.3f}",
+            f"{row['runner'] / row['graph']:.3f}",
+            f"{row['compile'] / row['runner']:.3f}",
+            f"{row['chain'] / row['compile']:.3f}",
+        ]
+        print(" | ".join(f"{c:>12}" for c in cells))
+    geomean = math.exp(sum(map(math.log, chain_ratios)) / len(chain_ratios))
+    print(f"chain/direct geomean {geomean:.3f}")
 
 
 if __name__ == "__main__":

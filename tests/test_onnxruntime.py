@@ -217,3 +217,42 @@ def test_cuda_parity_skips_with_its_reason_without_the_cuda_provider(
     if reason is not None:
         skips = [m.kwargs.get("reason") for m in item.iter_markers("skip")]
         assert skips == [reason]
+
+
+def test_tensorrt_ep_probe_says_why_not_without_its_library() -> None:
+    """onnxruntime (CPU) ships no TensorRT EP library: the probe says so, quietly."""
+    from backends.onnxruntime.session import tensorrt_ep_loads
+
+    reason = tensorrt_ep_loads()
+    assert reason is not None and "TensorRT EP" in reason
+
+
+@pytest.mark.cuda
+def test_tensorrt_ep_is_chosen_only_when_it_loads() -> None:
+    from backends.onnxruntime.session import default_providers, tensorrt_ep_loads
+
+    names = [p if isinstance(p, str) else p[0] for p in default_providers(torch.device("cuda"))]
+    assert ("TensorrtExecutionProvider" in names) == (tensorrt_ep_loads() is None)
+    assert names[-2:] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+@pytest.mark.ort_cuda
+def test_cuda_on_a_side_stream_and_in_place_writes() -> None:
+    """Called from another stream than the one ORT was bound to, and writing to its input:
+    the streams wait on each other on the device, and the write lands in the caller's x."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    x = torch.randn(64, device="cuda")
+    expected_x, expected = x + 1, (x + 1) * 2
+    compiled = torch.compile(f, backend=BACKEND)
+    with torch.no_grad():
+        compiled(x.clone())  # compiled on the default stream
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            out = compiled(x)
+        torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, expected_x)

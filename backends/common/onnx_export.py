@@ -45,7 +45,9 @@ class OnnxGraph:
     `input_positions[k]` is the position (among the graph module's example inputs) of the
     tensor feeding ONNX input `input_names[k]`; `frozen` inputs are ONNX initializers;
     `derived` SymInt inputs are read from tensor shapes inside the model; `scalars` are
-    module floats dynamo passed as 0-d tensors, inlined as numbers.
+    module floats dynamo passed as 0-d tensors, inlined as numbers. `mutated` inputs are
+    written in place by the graph: their new values are the model's last outputs, in that
+    order, for the caller to copy back (ONNX has no in-place writes).
     """
 
     model: bytes
@@ -59,6 +61,12 @@ class OnnxGraph:
     opset: int
     num_initializers: int
     decomposed: tuple[str, ...] = ()
+    mutated: tuple[int, ...] = ()
+
+    @property
+    def num_outputs(self) -> int:
+        """The graph's own outputs (without the new values of mutated inputs)."""
+        return len(self.output_names) - len(self.mutated)
 
 
 @contextlib.contextmanager
@@ -172,9 +180,33 @@ def export_onnx(
         frozen, scalars = freeze_positions(gm, example_inputs), module_scalars(gm, example_inputs)
     else:
         frozen, scalars = tuple(freeze), {}
-    prepared = prepare_graph(gm, example_inputs, frozen, scalars)
     dims = symbolic_dims(gm, example_inputs) if dynamic_dims is None else dynamic_dims
-    dims = {i: tuple(d) for i, d in dims.items() if i in prepared.kept and d}
+    prepared, program, dims = _export(gm, example_inputs, frozen, scalars, dims, opset, ())
+    mutated = _mutated_inputs(program, prepared)
+    if mutated:  # again, unfrozen and returned: ONNX drops in-place writes to inputs
+        unfrozen = tuple(i for i in frozen if i not in mutated)
+        prepared, program, dims = _export(
+            gm, example_inputs, unfrozen, scalars, dims, opset, mutated
+        )
+        missed = set(_mutated_inputs(program, prepared)) - set(mutated)
+        if missed:
+            raise Unsupported(f"graph writes to inputs {sorted(missed)} the export cannot return")
+    check_dynamic(program.model_proto, prepared.kept, dims)
+    return _describe(program.model_proto, prepared, dims, mutated)
+
+
+def _export(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[object],
+    frozen: Sequence[int],
+    scalars: Mapping[int, float],
+    dynamic_dims: Mapping[int, Sequence[int]],
+    opset: int | None,
+    mutated: Sequence[int],
+) -> tuple[PreparedGraph, Any, dict[int, tuple[int, ...]]]:
+    """Prepare the graph and run the exporter on it; its failures become Unsupported."""
+    prepared = prepare_graph(gm, example_inputs, frozen, scalars, returns=mutated)
+    dims = {i: tuple(d) for i, d in dynamic_dims.items() if i in prepared.kept and d}
     args = tuple(_real(example_inputs[i]) for i in prepared.kept)
     dynamic_shapes = None
     if dims:
@@ -189,11 +221,49 @@ def export_onnx(
         except torch.onnx.OnnxExporterError as error:
             reason = one_line(error)
             if dims:
-                reason = f"dynamic shapes {dict(dims)}: {reason}"
+                reason = f"dynamic shapes: {reason} (symbolic dims {dict(dims)})"
             raise Unsupported(reason, detail=f"{error}\n{said.getvalue()}") from error
     if program is None:
         raise Unsupported("torch.onnx.export returned no program")
-    return _describe(program.model_proto, prepared, dims)
+    return prepared, program, dims
+
+
+def _mutated_inputs(program: Any, prepared: PreparedGraph) -> tuple[int, ...]:
+    """Original input positions the graph writes in place, from torch.export's signature.
+
+    User inputs are the kept positions in order; a frozen weight is the buffer
+    `_frozen_<position>` (a graph that writes to a module buffer, such as a counter).
+    """
+    exported = getattr(program, "exported_program", None)
+    if exported is None:
+        return ()
+    signature = exported.graph_signature
+    user = {name: prepared.kept[k] for k, name in enumerate(signature.user_inputs)}
+    found = {user[name] for name in signature.user_inputs_to_mutate.values() if name in user}
+    for target in signature.buffers_to_mutate.values():
+        match = re.fullmatch(r"_frozen_(\d+)", target)
+        if match is None:
+            raise Unsupported(f"graph writes to buffer {target!r}, which is not an input")
+        found.add(int(match.group(1)))
+    return tuple(sorted(found))
+
+
+def check_dynamic(
+    proto: onnx.ModelProto, kept: Sequence[int], dims: Mapping[int, Sequence[int]]
+) -> None:
+    """Decline a model whose symbolic dims the exporter specialized to numbers."""
+    if not dims:
+        return
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in initializers]
+    for value, position in zip(inputs, kept, strict=False):
+        shape = value.type.tensor_type.shape.dim
+        for d in dims.get(position, ()):
+            if d < len(shape) and not shape[d].dim_param:
+                raise Unsupported(
+                    f"dynamic shapes: the exporter fixed dim {d} of input {position} "
+                    f"to {shape[d].dim_value}"
+                )
 
 
 def _real(value: object) -> torch.Tensor:
@@ -206,7 +276,10 @@ def _real(value: object) -> torch.Tensor:
 
 
 def _describe(
-    proto: onnx.ModelProto, prepared: PreparedGraph, dims: Mapping[int, tuple[int, ...]]
+    proto: onnx.ModelProto,
+    prepared: PreparedGraph,
+    dims: Mapping[int, tuple[int, ...]],
+    mutated: tuple[int, ...],
 ) -> OnnxGraph:
     """Serialize the proto and pair its inputs with the original input positions."""
     graph = proto.graph
@@ -234,4 +307,5 @@ def _describe(
         opset=int(opset),
         num_initializers=len(graph.initializer),
         decomposed=prepared.decomposed,
+        mutated=mutated,
     )

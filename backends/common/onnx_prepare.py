@@ -127,18 +127,24 @@ def prepare_graph(
     example_inputs: Sequence[object],
     frozen: Sequence[int],
     scalars: Mapping[int, float] | None = None,
+    returns: Sequence[int] = (),
 ) -> PreparedGraph:
     """Copy `gm` with `frozen` inputs as constants and SymInt inputs read from shapes.
 
     `scalars`: positions of module floats passed as 0-d tensors; their `.item()` calls
-    become the number itself, and they are frozen like weights.
+    become the number itself, and they are frozen like weights. `returns`: inputs the
+    graph writes in place, returned after its own outputs (their values after the writes).
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     out = graph.graph_copy(gm.graph, env, return_output_node=True)
-    graph.output(out[0] if isinstance(out, tuple) else out)
-    module = fx.GraphModule(gm, graph)
+    result = out[0] if isinstance(out, tuple) else out
     nodes = [env[n] for n in _placeholders(gm)]
+    if returns:
+        own = tuple(result) if isinstance(result, tuple | list) else (result,)
+        result = own + tuple(nodes[i] for i in returns)
+    graph.output(result)
+    module = fx.GraphModule(gm, graph)
     scalars = dict(scalars or {})
     frozen_set = set(frozen) | set(scalars)
     for i, value in enumerate(example_inputs):

@@ -8,9 +8,10 @@ Options: `providers` (default: TensorRT EP and CUDA EP for CUDA inputs when inst
 CPU), `graph_optimization_level` (disable|basic|extended|all, default all),
 `intra_op_num_threads` (default: ORT's), `allow_spinning` (default False: see
 `session.session_options`), `on_weight_change` (reexport|raise, default reexport).
-Refused with `Unsupported`: autograd graphs (inputs that require grad under grad mode),
-non-tensor inputs/outputs, inputs on several devices, ops the exporter or ORT cannot take,
-dynamic shapes the exporter cannot express.
+Inputs the graph writes in place come back as extra ONNX outputs and are copied into the
+caller's tensors. Refused with `Unsupported`: autograd graphs (inputs that require grad
+under grad mode), non-tensor inputs/outputs, inputs on several devices, ops the exporter
+or ORT cannot take, dynamic shapes the exporter cannot express ("dynamic shapes: ...").
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> di
         "derived_symints": list(graph.derived),
         "dynamic_dims": {str(k): list(v) for k, v in graph.dynamic_dims.items()},
         "decomposed": list(graph.decomposed),
+        "mutated_inputs": list(graph.mutated),
         "model_bytes": len(graph.model),
     }
 
@@ -148,9 +150,9 @@ def onnxruntime_backend(
 
     def build(inputs: Sequence[object]) -> Compiled:
         graph = export_onnx(gm, inputs)
-        if len(graph.output_names) != len(specs):
+        if graph.num_outputs != len(specs):
             raise Unsupported(
-                f"exported model has {len(graph.output_names)} outputs, graph has {len(specs)}"
+                f"exported model has {graph.num_outputs} outputs, graph has {len(specs)}"
             )
         session = create_session(graph.model, options, chosen)
         return Compiled(graph, session, snapshot_frozen(graph, inputs))

@@ -7,15 +7,23 @@ allocated by ORT and wrapped through DLPack; the session runs on torch's current
 (the CUDA EP is created with it as its user compute stream; called from another stream,
 the runner first waits for that stream's pending work).
 
-Frozen weights (ONNX initializers) are checked on every call: same tensor object, same
-`_version` (bumped by in-place writes), same storage. If the user changed one, the runner
-re-exports (`on_weight_change="reexport"`, the default) or raises `FrozenWeightChanged`
-(`"raise"`: a chain then falls back to its next candidate, which reads the new weights).
+Frozen weights (ONNX initializers) are checked on every call, in bulk (C-level `map`s,
+no per-weight Python code): same tensor objects, same `_version`s (bumped by every
+in-place write, `copy_`, `load_state_dict`). When that fails, each weight is looked at:
+another tensor with equal values (a caller's clone of a buffer) is accepted as is; a real
+change makes the runner re-export (`on_weight_change="reexport"`, the default; counted in
+`chain_details["reexports"]`) or raise `FrozenWeightChanged` (`"raise"`: a chain then
+falls back to its next candidate, which reads the new weights). Writes through `.data`
+(which has its own version counter) are not seen: compile again after those.
+
+Inputs the graph writes in place (`OnnxGraph.mutated`) come back as the model's last
+outputs and are copied into the caller's tensors, so the caller sees eager's writes.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,13 +48,61 @@ class OutputSpec:
     dtype: torch.dtype | None
 
 
+_version = torch._C.TensorBase._version.__get__  # the C getter, mapped over many tensors
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The tensors baked into the model as initializers, as they were at export."""
+
+    positions: tuple[int, ...]
+    tensors: tuple[torch.Tensor, ...]
+    versions: tuple[int, ...]
+
+    @classmethod
+    def snapshot(cls, positions: Sequence[int], inputs: Sequence[object]) -> Frozen:
+        """The frozen tensors among `inputs`, their identity and version now."""
+        kept = [i for i in positions if isinstance(inputs[i], torch.Tensor)]
+        tensors = tuple(inputs[i] for i in kept)
+        return cls(tuple(kept), tensors, tuple(map(_version, tensors)))  # type: ignore[arg-type]
+
+    def getter(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+        """args -> the frozen positions' arguments, as a tuple (one C call)."""
+        if not self.positions:
+            return lambda args: ()
+        get = operator.itemgetter(*self.positions)
+        if len(self.positions) == 1:
+            return lambda args: (get(args),)
+        return get
+
+    def changed(self, got: Sequence[Any]) -> tuple[int, str] | None:
+        """The first frozen input whose values may differ from the exported ones, and how."""
+        for i, tensor, version, arg in zip(
+            self.positions, self.tensors, self.versions, got, strict=True
+        ):
+            if _version(tensor) != version:
+                return i, "written in place"
+            if arg is tensor:
+                continue
+            same = (
+                isinstance(arg, torch.Tensor)
+                and arg.shape == tensor.shape
+                and arg.dtype == tensor.dtype
+                and arg.device == tensor.device
+                and torch.equal(arg, tensor)
+            )
+            if not same:
+                return i, "replaced by a different tensor"
+        return None
+
+
 @dataclass(frozen=True)
 class Compiled:
     """One export + session: what a weight change replaces as a whole."""
 
     graph: OnnxGraph
     session: Any
-    frozen: tuple[tuple[int, torch.Tensor, int, int], ...]  # position, tensor, version, ptr
+    frozen: Frozen | tuple[()] = ()
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -54,16 +110,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-def snapshot_frozen(
-    graph: OnnxGraph, inputs: Sequence[object]
-) -> tuple[tuple[int, torch.Tensor, int, int], ...]:
-    """Identity, version and storage of every frozen input, to notice later changes."""
-    out = []
-    for i in graph.frozen:
-        t = inputs[i]
-        if isinstance(t, torch.Tensor):
-            out.append((i, t, t._version, t.data_ptr()))
-    return tuple(out)
+def snapshot_frozen(graph: OnnxGraph, inputs: Sequence[object]) -> Frozen:
+    """Identity and version of every frozen input, to notice later changes."""
+    return Frozen.snapshot(graph.frozen, inputs)
 
 
 class OrtRunner:
@@ -91,16 +140,25 @@ class OrtRunner:
         self._stream = stream
         self.chain_details: dict[str, Any] = dict(details or {})
         self.reexports = 0
+        self.chain_details["reexports"] = 0
         self._use(compiled)
 
     def _use(self, compiled: Compiled) -> None:
         self._compiled = compiled
         graph = compiled.graph
+        self._session = compiled.session
         self._feeds = tuple(zip(graph.input_names, graph.input_positions, strict=True))
         self._names = list(graph.output_names)
+        self._mutated = tuple(enumerate(graph.mutated, start=graph.num_outputs))
         self._scalars = tuple(graph.scalars.items())
+        frozen = compiled.frozen if isinstance(compiled.frozen, Frozen) else Frozen((), (), ())
+        self._frozen = frozen
+        self._frozen_args = frozen.getter()
+        self._frozen_tensors = frozen.tensors
+        self._frozen_versions = frozen.versions
         if self._device.type == "cuda":
             self._binding = compiled.session.io_binding()
+            self._run_options = cuda_run_options(self._stream is not None)
 
     @property
     def chain_payload(self) -> bytes:
@@ -114,36 +172,46 @@ class OrtRunner:
 
     @property
     def session(self) -> Any:
-        return self._compiled.session
+        return self._session
 
     def feeds(self, args: Sequence[Any]) -> dict[str, np.ndarray]:
         """CPU inputs as numpy views sharing memory with the torch tensors."""
         return {name: args[i].numpy() for name, i in self._feeds}
 
     def __call__(self, *args: Any) -> Any:
-        for i, tensor, version, ptr in self._compiled.frozen:
-            arg = args[i]
-            if arg is not tensor or arg._version != version or arg.data_ptr() != ptr:
-                self._weights_changed(i, args)
-                break
+        got = self._frozen_args(args)
+        if not (
+            all(map(operator.is_, got, self._frozen_tensors))
+            and tuple(map(_version, self._frozen_tensors)) == self._frozen_versions
+        ):
+            self._check_frozen(args, got)
         for i, number in self._scalars:
             if args[i].item() != number:
-                self._weights_changed(i, args)
+                self._weights_changed(i, "a different value", args)
                 break
         if self._device.type == "cuda":
             outs = self._run_cuda(args)
         else:
             outs = [
                 torch.from_numpy(o)
-                for o in self._compiled.session.run(self._names, self.feeds(args))
+                for o in self._session.run(
+                    self._names, {name: args[i].numpy() for name, i in self._feeds}
+                )
             ]
+        if self._mutated:
+            for k, i in self._mutated:
+                args[i].copy_(outs[k])
+            del outs[-len(self._mutated) :]
         return outs[0] if self._single else tuple(outs)
 
-    def _weights_changed(self, position: int, args: Sequence[Any]) -> None:
-        message = (
-            f"frozen weight (graph input {position}) changed after export "
-            "(in-place write or new tensor)"
-        )
+    def _check_frozen(self, args: Sequence[Any], got: Sequence[Any]) -> None:
+        """The slow path, when the bulk check failed: re-export only on a real change."""
+        change = self._frozen.changed(got)
+        if change is not None:
+            self._weights_changed(change[0], change[1], args)
+
+    def _weights_changed(self, position: int, how: str, args: Sequence[Any]) -> None:
+        message = f"frozen weight (graph input {position}) changed after export ({how})"
         if self._on_change == "raise" or self._rebuild is None:
             raise FrozenWeightChanged(message + "; compile again to pick it up")
         log.warning("%s: re-exporting the ONNX model", message)
@@ -152,7 +220,12 @@ class OrtRunner:
         self.chain_details["reexports"] = self.reexports
 
     def _run_cuda(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        """IOBinding on torch memory; outputs of static shape allocated by torch."""
+        """IOBinding on torch memory; outputs of static shape allocated by torch.
+
+        ORT runs on torch's current stream (the CUDA EP's user compute stream) and does not
+        synchronize the host after the run: torch's stream order covers what follows. From
+        another stream, the two streams wait on each other on the device, not on the host.
+        """
         binding = self._binding
         index = self._device.index or 0
         keep = []
@@ -174,9 +247,15 @@ class OrtRunner:
             )
             allocated.append(out)
         current = torch.cuda.current_stream(self._device)
-        if current.cuda_stream != self._stream:
-            current.synchronize()  # ORT runs on another stream: let torch's writes land first
-        self._compiled.session.run_with_iobinding(binding)  # ORT syncs its stream on return
+        other = self._stream is not None and current.cuda_stream != self._stream
+        if other:
+            ort_stream = torch.cuda.ExternalStream(self._stream, device=self._device)
+            ort_stream.wait_stream(current)
+        elif self._stream is None:
+            current.synchronize()  # ORT on its own stream: torch's writes must land first
+        self._session.run_with_iobinding(binding, self._run_options)
+        if other:
+            current.wait_stream(ort_stream)
         if all(a is not None for a in allocated):
             return allocated  # type: ignore[return-value]
         ort_values = binding.get_outputs()
@@ -184,3 +263,13 @@ class OrtRunner:
             a if a is not None else torch.from_dlpack(v)
             for a, v in zip(allocated, ort_values, strict=True)
         ]
+
+
+def cuda_run_options(on_torch_stream: bool) -> Any:
+    """Run options for CUDA: no host sync after the run when ORT is on torch's stream."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    if on_torch_stream:
+        options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+    return options

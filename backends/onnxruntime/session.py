@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,6 +14,7 @@ import torch
 from backends.errors import Unsupported
 
 Provider = str | tuple[str, dict[str, Any]]
+log = logging.getLogger(__name__)
 
 LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -32,7 +37,7 @@ def available() -> str | None:
 
 
 def default_providers(device: torch.device) -> list[Provider]:
-    """TensorRT EP, CUDA EP for CUDA inputs (when installed); CPU always last."""
+    """TensorRT EP (when it loads), CUDA EP for CUDA inputs (when installed); CPU last."""
     import onnxruntime as ort
 
     installed = set(ort.get_available_providers())
@@ -49,13 +54,36 @@ def default_providers(device: torch.device) -> list[Provider]:
             "has_user_compute_stream": "1",
             "user_compute_stream": str(stream),
         }
-        if "TensorrtExecutionProvider" in installed:
+        if "TensorrtExecutionProvider" in installed and tensorrt_ep_loads() is None:
             chosen.append(("TensorrtExecutionProvider", dict(on_torch_stream)))
         chosen.append(("CUDAExecutionProvider", on_torch_stream))
     elif device.type != "cpu":
         raise Unsupported(f"inputs on {device.type}: the ONNX Runtime backend takes cpu or cuda")
     chosen.append("CPUExecutionProvider")
     return chosen
+
+
+@functools.cache
+def tensorrt_ep_loads() -> str | None:
+    """None when ORT's TensorRT EP library loads here, else why not (probed once, quietly).
+
+    onnxruntime-gpu lists `TensorrtExecutionProvider` as available whether or not the
+    TensorRT libraries are installed; choosing it without them prints a multi-line
+    "EP Error ... libnvinfer.so: cannot open shared object file" block per session. Loading
+    the provider library ourselves (it links libnvinfer) tells without the noise.
+    """
+    import onnxruntime as ort
+
+    capi = Path(ort.__file__).parent / "capi"
+    found = sorted(capi.glob("*onnxruntime_providers_tensorrt*"))
+    if not found:
+        return f"no TensorRT EP library in {capi}"
+    try:
+        ctypes.CDLL(str(found[0]))
+    except OSError as error:
+        log.info("not using ONNX Runtime's TensorRT EP: %s", error)
+        return f"TensorRT EP cannot load: {error}"
+    return None
 
 
 def session_options(
@@ -67,7 +95,10 @@ def session_options(
 
     Spinning is off by default: every graph gets its own session and thread pool, and
     idle pools that spin steal the cores from torch's threads and from each other (on
-    2 cores, eager ResNet went from 12 ms to 670 ms between spinning ORT calls).
+    2 cores, eager ResNet went from 12 ms to 670 ms between spinning ORT calls; the
+    direct ConvNeXt ran 12.8 ms without spinning, 28.2 ms with it, 44.6 ms with ORT's
+    defaults: `benchmarks/ort_overhead.py --sweep`). Threads default to ORT's (one per
+    physical core): 1 thread was slower than 2 on 2 cores, even with the other core busy.
     """
     import onnxruntime as ort
 
