@@ -15,6 +15,7 @@ the winning callable and the report never holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Backend:
     options: frozenset[str] | None = frozenset()
     doc: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    graphed: CompilerFn | None = None  # the same compiler with its output under CUDA graphs
 
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], **options: Any
@@ -81,8 +83,13 @@ class BackendRegistry:
         options: Sequence[str] | None = (),
         tags: Sequence[str] = (),
         replace: bool = False,
+        graphed: CompilerFn | None = None,
     ) -> Callable[[CompilerFn], Backend]:
-        """Decorator: register `fn(gm, example_inputs, **options)` under `name`."""
+        """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
+
+        `graphed(gm, example_inputs, **options)`, when given, compiles the same way and runs
+        the result under CUDA graphs (the chain's `cuda_graphs` stage tries it as a variant).
+        """
 
         def decorate(fn: CompilerFn) -> Backend:
             if name in self._backends and not replace:
@@ -94,9 +101,24 @@ class BackendRegistry:
                 options=None if options is None else frozenset(options),
                 doc=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else "",
                 tags=tuple(tags),
+                graphed=graphed,
             )
             self._backends[name] = backend
             return backend
+
+        return decorate
+
+    def graphed_variant(self, name: str) -> Callable[[CompilerFn], CompilerFn]:
+        """Decorator: `fn` is the CUDA graphs variant of the registered backend `name`.
+
+        For a backend whose package registers it elsewhere: its graphs module adds the hook.
+        """
+
+        def decorate(fn: CompilerFn) -> CompilerFn:
+            if name not in self._backends:
+                raise ValueError(f"no backend {name!r} to give a CUDA graphs variant")
+            self._backends[name] = dataclasses.replace(self._backends[name], graphed=fn)
+            return fn
 
         return decorate
 

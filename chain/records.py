@@ -49,6 +49,7 @@ class Attempt:
     max_abs_err: float | None = None
     retries: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    cuda_graphs: bool = False  # this attempt is a backend's variant run under CUDA graphs
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
