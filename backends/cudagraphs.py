@@ -231,6 +231,7 @@ def cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
     run, cloned, aliased = safe_outputs(compiled, outputs, example_inputs)
     del outputs  # the tree's buffers must be dead for it to replay from its root
     run.chain_details = {  # type: ignore[attr-defined]
+        "cuda_graphs": True,
         "cloned_outputs": cloned,
         "input_alias_outputs": aliased,
         "probe_calls": PROBE_CALLS,

@@ -72,3 +72,42 @@ def clone_outputs(compiled: Callable[..., Any], mask: list[bool]) -> Callable[..
         return tree_unflatten(flat, spec)
 
     return run
+
+
+def graph_callable(
+    fn: Callable[..., Any], example_inputs: Sequence[Any], static: Sequence[int]
+) -> Callable[..., Any]:
+    """Replay `fn(*inputs)` through torch's cudagraph trees; `static` inputs read in place.
+
+    For compiled callables that are not FX graphs of their own (a TensorRT module that
+    mixes engines and PyTorch ops): the trees warm up, record on their own stream and
+    memory pool, copy only the non-static inputs per replay and re-record when a static
+    input's address moves. Outputs are flattened for the trees and rebuilt after.
+    """
+    from torch._inductor.cudagraph_trees import cudagraphify_impl
+
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda}
+    if len(devices) != 1:
+        raise ValueError(f"CUDA graphs need inputs on one CUDA device, got {sorted(devices)}")
+    spec: list[Any] = []
+
+    def boxed(args: list[Any]) -> list[Any]:
+        inputs = list(args)
+        args.clear()  # the boxed convention: the trees may free inputs they no longer need
+        flat, out_spec = tree_flatten(fn(*inputs))
+        spec[:] = [out_spec]
+        return flat
+
+    replay = cudagraphify_impl(
+        boxed,
+        list(example_inputs),
+        list(static),
+        device_index=devices.pop().index or 0,
+        is_backward=False,
+        is_inference=True,
+    )
+
+    def run(*args: Any) -> Any:
+        return tree_unflatten(list(replay(list(args))), spec[0])
+
+    return run
