@@ -16,6 +16,7 @@ from backends.errors import InvalidBackend, InvalidOption
 from backends.registry import Backend
 from chain import graphinfo
 from chain.attempt import Reference, failed_attempt, one_line, try_backend
+from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
@@ -55,6 +56,7 @@ class Chain:
         max_retries: int = 2,
         measure_budget_s: float = 0.2,
         tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
+        cuda_graphs: str | bool = "auto",
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -88,6 +90,7 @@ class Chain:
         self.max_retries = max_retries
         self.measure_budget_s = measure_budget_s
         self.tolerances = tolerances
+        self.graphs = GraphsStage(cuda_graphs, self.backends)
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report = Report()
@@ -107,6 +110,8 @@ class Chain:
             log.debug("chain ignores dynamo's arguments %s", sorted(dynamo_kwargs))
         inputs = list(example_inputs)
         reference, notes = self._reference(gm, inputs)
+        if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
+            notes.append(note)
         record = GraphRecord(
             id=len(self.report.graphs),
             fingerprint=graphinfo.fingerprint(gm, inputs),
@@ -125,13 +130,12 @@ class Chain:
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
-        index = [b.name for b in self.backends].index(winner)
-        return GuardedGraph(self, record.id, gm, fns[winner], index)
+        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner))
 
     def fall_back(self, guard: GuardedGraph, exc: Exception, args: tuple[Any, ...]) -> None:
         """The winner raised at run time: record it and switch to the next backend that passes."""
         record = self.report.graphs[guard.graph_id]
-        failed_name = self.backends[guard.backend_index].name
+        failed_name = record.winner or self.backends[guard.backend_index].name
         if self.strict:
             raise exc
         log.warning(
@@ -162,8 +166,12 @@ class Chain:
         if record.winner is None:
             raise AllCandidatesFailed(record) from exc
         guard.fn = fns[record.winner]
-        guard.backend_index = [b.name for b in self.backends].index(record.winner)
+        guard.backend_index = self._index(record.winner)
         guard.chain_details["winner"] = record.winner
+
+    def _index(self, winner: str) -> int:
+        """Position in the chain of the backend an attempt name belongs to (variants too)."""
+        return [b.name for b in self.backends].index(base_name(winner))
 
     def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
         """Eager's outputs to verify against, and notes on what limits verification."""
@@ -198,6 +206,7 @@ class Chain:
         slow: dict[str, Callable[..., Any]] = {}
         eager_ms: float | None = None
         shape = graphinfo.fingerprint(gm, inputs)
+        why_not_graphs = self.graphs.why_not(gm, inputs)
         for backend in self.backends[start:]:
             if passed and self.mode == "first":
                 attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
@@ -240,7 +249,10 @@ class Chain:
                     slow[backend.name], fn = fn, None
             if fn is not None:
                 passed[backend.name] = fn
-            attempts.append(attempt)
+            attempts.append(mark(attempt))
+            if (fn is not None or backend.name in slow) and not attempts[-1].cuda_graphs:
+                eager_ms = self._try_graphed(backend, gm, inputs, reference, why_not_graphs,
+                                             attempts, passed, slow) or eager_ms  # fmt: skip
         if self.measure and passed and self.mode == "fastest":
             attempts, eager_ms = self._measure(attempts, passed, gm, inputs, reference)
         if self.mode == "fastest":
@@ -248,6 +260,71 @@ class Chain:
         elif not passed:
             attempts = self._rescue_slower(attempts, slow, passed)
         return attempts, passed, eager_ms
+
+    def _try_graphed(
+        self,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        why_not: tuple[Status, str] | None,
+        attempts: list[Attempt],
+        passed: dict[str, Callable[..., Any]],
+        slow: dict[str, Callable[..., Any]],
+    ) -> float | None:
+        """The `cuda_graphs` stage for one verified candidate (see chain.graphs).
+
+        Appends the variant's attempt; returns eager's latency when it timed eager anew.
+        """
+        variant = self.graphs.variant(backend)
+        if variant is None:
+            return None
+        if why_not is not None:
+            if (refusal := self.graphs.refusal(variant, why_not)) is not None:
+                attempts.append(refusal)
+            return None
+        attempt, fn = self.graphs.tried(
+            *try_backend(
+                variant,
+                gm,
+                inputs,
+                reference,
+                options=self.options.get(backend.name, {}),
+                max_retries=self.max_retries,
+                timeout_s=self.compile_timeout_s,
+                strict=self.strict,
+            )
+        )
+        if fn is None or self.mode == "fastest":
+            attempts.append(attempt)
+            if fn is not None:
+                passed[variant.name] = fn
+            return None
+        plain, eager_ms = attempts.pop(), None
+        if backend.name in slow:  # plain missed min_speedup: the variant is timed on its own
+            if self.measure:
+                [attempt], eager_ms = self._measure(
+                    [attempt], {variant.name: fn}, gm, inputs, reference
+                )
+            if attempt.status is Status.WON and self._too_slow(attempt, backend):
+                reason = f"{attempt.speedup:.2f}x over eager < min_speedup {self.min_speedup}"
+                attempt = dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
+                slow[variant.name] = fn
+            elif attempt.status is Status.WON:
+                passed[variant.name] = fn
+            attempts += [plain, attempt]
+            return eager_ms
+        if self.measure:
+            fns = {backend.name: passed[backend.name], variant.name: fn}
+            pair, eager_ms = self._measure([plain, attempt], fns, gm, inputs, reference)
+            plain, attempt = pair
+        plain, attempt = prefer_graphed(plain, attempt)
+        for a, f in ((plain, passed.get(backend.name)), (attempt, fn)):
+            passed.pop(a.backend, None)
+            if a.status is Status.WON and f is not None:
+                passed[a.backend] = f
+        attempts += [plain, attempt]
+        return eager_ms
 
     def _measure(
         self,
