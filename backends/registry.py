@@ -3,7 +3,9 @@
 A backend is what dynamo calls a backend, `(gm, example_inputs, **options) -> callable`,
 plus `available() -> str | None` (None when it can run here, else a short reason).
 A backend that cannot take a graph raises `backends.errors.Unsupported(reason)`; any other
-exception is a real failure. A backend never mutates the `gm` it is given.
+exception is a real failure. A backend never mutates the `gm` it is given. A backend may
+declare a `graphed` hook, the same compiler with its result run under CUDA graphs, which
+the chain's `cuda_graphs` stage tries as a variant (`<name>+graphs`).
 
 A compiled callable may carry `chain_details: dict` (JSON-able facts for the report:
 partition counts, fallback reasons, cache hits, providers), which the chain copies into
