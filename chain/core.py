@@ -162,6 +162,8 @@ class Chain:
             else by_name.get(a.backend, a)
             for a in record.attempts
         )
+        known = {a.backend for a in record.attempts}  # variants tried only now come after
+        attempts += tuple(a for a in new if a.backend not in known)
         record = self._finish(record, attempts, eager_ms)
         if record.winner is None:
             raise AllCandidatesFailed(record) from exc
@@ -427,7 +429,7 @@ class Chain:
         winner = next((a.backend for a in attempts if a.status is Status.WON), None)
         record = dataclasses.replace(
             record,
-            attempts=attempts,
+            attempts=tuple(mark(a) for a in attempts),
             winner=winner,
             eager_ms=eager_ms if eager_ms is not None else record.eager_ms,
         )

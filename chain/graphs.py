@@ -49,8 +49,12 @@ def base_name(name: str) -> str:
 
 
 def mark(attempt: Attempt) -> Attempt:
-    """An attempt whose compiled callable says it runs under CUDA graphs gets the field set."""
-    if attempt.details.get("cuda_graphs") and not attempt.cuda_graphs:
+    """Set `cuda_graphs` on a variant's attempt, or one whose callable says it runs graphed.
+
+    By name too: an attempt rebuilt after a failure while timed keeps the flag.
+    """
+    graphed = attempt.details.get("cuda_graphs") or attempt.backend.endswith(SUFFIX)
+    if graphed and not attempt.cuda_graphs:
         return dataclasses.replace(attempt, cuda_graphs=True)
     return attempt
 

@@ -217,6 +217,9 @@ def test_graphed_winner_falls_back_at_run_time(monkeypatch: pytest.MonkeyPatch) 
     assert by_name["flaky+graphs"].status is Status.RUNTIME_ERROR
     assert by_name["flaky+graphs"].reason == "at run time: RuntimeError: replay failed"
     assert graph.winner == "eager"
+    # the fallback tried eager's variant too (here refused: a CPU graph); it is recorded
+    assert by_name["eager+graphs"].status is Status.UNSUPPORTED
+    assert by_name["eager+graphs"].cuda_graphs
 
 
 # ---- the report ----
