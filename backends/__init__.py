@@ -4,10 +4,12 @@ from backends import (  # noqa: F401  (registration side effects)
     cudagraphs,
     eager,
     inductor,
+    inductor_graphed,
     onnxruntime,
     tensorrt,
 )
 from backends.errors import InvalidBackend, InvalidOption, Transient, Unsupported
+from backends.onnxruntime import graphs as _onnxruntime_graphs  # noqa: F401  (its variant)
 from backends.registry import (
     Backend,
     BackendRegistry,

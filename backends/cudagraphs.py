@@ -19,6 +19,9 @@ loop of our own. What this module adds is honesty about when it cannot be used:
   `Unsupported(torch's reason)` at compile time, and a failing capture is a compile
   error, not a surprise at the first real call. The runs are safe because the
   preconditions already refused graphs that mutate inputs or draw random numbers.
+- Weights. Parameters and buffers arrive as graph inputs; torch's own backend copies
+  them into the graph's buffers on every replay. `torch_cudagraphs` declares them static
+  inputs (`backends.common.cudagraph_static`), as inductor's reduce-overhead mode does.
 - Output buffers. A replay writes its outputs into the same static buffers each time,
   so an output held from call N would be overwritten by call N+1 (torch raises on access
   if it notices). We clone every output that is not an alias of an input. We chose
@@ -33,6 +36,7 @@ loop of our own. What this module adds is honesty about when it cannot be used:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,9 +44,13 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from backends.common.cudagraph_preconditions import check_preconditions
+from backends.common.cudagraph_static import (
+    clone_mask,
+    clone_outputs,
+    static_input_positions,
+)
 from backends.errors import Unsupported
 from backends.registry import register_backend
 
@@ -115,43 +123,103 @@ def watch_cudagraph_skips() -> Iterator[SkipWatch]:
         watch.copied_inputs = counters["inductor"][COPIED] - copied
 
 
-def compile_with_torch(
-    gm: fx.GraphModule, example_inputs: list[Any]
-) -> tuple[Callable[..., Any], Any, SkipWatch]:
-    """Torch's cudagraphs backend, with its silent skips turned into `Unsupported`.
+def torch_cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Dynamo's `cudagraphs` backend, with the graph's weights declared static inputs.
 
-    Returns the compiled function, the outputs of the last probe call, and what torch's
-    counters said during the probe calls.
+    The same pipeline as `torch._dynamo.backends.cudagraphs.cudagraphs` (aot_autograd,
+    torch's `check_for_skip`, `cudagraphify_impl` of the cudagraph trees), with one change:
+    torch's backend declares static only the inputs aot_autograd lifted itself
+    (`range(fixed)`), so the parameters and buffers dynamo passes as graph inputs are
+    copied into the graph's buffers on every replay. Here they are static, as in
+    inductor's reduce-overhead mode: read in place, re-recorded if their address moves.
     """
-    from torch._dynamo.backends.cudagraphs import cudagraphs as torch_cudagraphs
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.cudagraphs import (
+        check_for_skip,
+        find_input_mutations,
+        get_device_index,
+        get_stack_traces,
+    )
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._inductor.compile_fx import get_static_input_idxs
+    from torch._inductor.cudagraph_trees import cudagraphify_impl
+    from torch._inductor.cudagraph_utils import (
+        get_placeholder_info,
+        log_cudagraph_skip_and_bump_counter,
+    )
+    from torch._inductor.utils import num_fw_fixed_arguments
 
-    with watch_cudagraph_skips() as watch:
-        compiled = torch_cudagraphs(gm, example_inputs)
-    if watch.skips:
-        raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
+    weights = static_input_positions(gm, example_inputs)
+
+    def forward(
+        aot_model: fx.GraphModule, aot_inputs: list[Any], is_inference: bool = False
+    ) -> Any:
+        interp = boxed_nop(aot_model, aot_inputs)
+        fixed = num_fw_fixed_arguments(len(example_inputs), len(aot_inputs))
+        if skip := check_for_skip(aot_model, fixed):
+            log_cudagraph_skip_and_bump_counter(f"{SKIP_PREFIX}{skip}")
+            return interp
+        static = set(range(fixed)) | set(get_static_input_idxs(fixed))
+        static |= {fixed + i for i in weights if fixed + i < len(aot_inputs)}
+        out = cudagraphify_impl(
+            interp,
+            aot_inputs,
+            sorted(static),
+            device_index=get_device_index(aot_model),
+            is_backward=False,
+            is_inference=is_inference,
+            stack_traces=get_stack_traces(aot_model),
+            placeholders=get_placeholder_info(aot_model.graph),
+            mutated_input_idxs=find_input_mutations(aot_model.graph),
+        )
+        out._boxed_call = True  # type: ignore[attr-defined]
+        return out
+
+    compiler = aot_autograd(
+        fw_compiler=forward,
+        inference_compiler=functools.partial(forward, is_inference=True),
+        keep_inference_input_mutations=torch._dynamo.config.cudagraph_backend_keep_input_mutation,
+    )
+    return compiler(gm, example_inputs)
+
+
+def probe(compiled: Callable[..., Any], example_inputs: list[Any]) -> tuple[Any, SkipWatch]:
+    """Call a cudagraph-tree function until it replays; torch's skips become `Unsupported`.
+
+    Call 1 warms up, call 2 records; returns the outputs of the last call and what torch's
+    counters said meanwhile.
+    """
     with watch_cudagraph_skips() as watch:
         for _ in range(PROBE_CALLS - 1):
             compiled(*example_inputs)  # outputs dropped at once: the tree may then move on
         outputs = compiled(*example_inputs)
     if watch.skips:
         raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
+    return outputs, watch
+
+
+def compile_with_torch(
+    gm: fx.GraphModule, example_inputs: list[Any]
+) -> tuple[Callable[..., Any], Any, SkipWatch]:
+    """Torch's cudagraphs pipeline, with its silent skips turned into `Unsupported`.
+
+    Returns the compiled function, the outputs of the last probe call, and what torch's
+    counters said during the probe calls.
+    """
+    with watch_cudagraph_skips() as watch:
+        compiled = torch_cudagraphs(gm, example_inputs)
+    if watch.skips:
+        raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
+    outputs, watch = probe(compiled, example_inputs)
     return compiled, outputs, watch
 
 
-def input_storages(inputs: Any) -> set[int]:
-    """Data pointers of the storages of the tensors among `inputs`."""
-    return {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
-
-
-def clone_outputs(compiled: Callable[..., Any], clone_mask: list[bool]) -> Callable[..., Any]:
-    """Wrap `compiled` so that the flat outputs marked in `clone_mask` are fresh copies."""
-
-    def run(*args: Any) -> Any:
-        flat, spec = tree_flatten(compiled(*args))
-        flat = [x.clone() if clone else x for x, clone in zip(flat, clone_mask, strict=True)]
-        return tree_unflatten(flat, spec)
-
-    return run
+def safe_outputs(
+    compiled: Callable[..., Any], outputs: Any, example_inputs: list[Any]
+) -> tuple[Callable[..., Any], int, int]:
+    """`compiled` with the outputs that live in replay buffers cloned; counts of each kind."""
+    mask = clone_mask(outputs, example_inputs)
+    return clone_outputs(compiled, mask), sum(mask), len(mask) - sum(mask)
 
 
 @register_backend("cudagraphs", available=cudagraphs_available)
@@ -159,18 +227,15 @@ def cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
     """Replay the graph as a CUDA graph (torch's cudagraph trees); outputs are cloned."""
     if reason := check_preconditions(gm, example_inputs):
         raise Unsupported(reason)
-    compiled, outputs, probe = compile_with_torch(gm, example_inputs)
-    flat, _ = tree_flatten(outputs)
-    aliases = input_storages(example_inputs)
-    clone = [
-        isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() not in aliases for x in flat
-    ]
-    del outputs, flat  # the tree's buffers must be dead for it to replay from its root
-    run = clone_outputs(compiled, clone)
+    compiled, outputs, watch = compile_with_torch(gm, example_inputs)
+    run, cloned, aliased = safe_outputs(compiled, outputs, example_inputs)
+    del outputs  # the tree's buffers must be dead for it to replay from its root
     run.chain_details = {  # type: ignore[attr-defined]
-        "cloned_outputs": sum(clone),
-        "input_alias_outputs": len(clone) - sum(clone),
+        "cuda_graphs": True,
+        "cloned_outputs": cloned,
+        "input_alias_outputs": aliased,
         "probe_calls": PROBE_CALLS,
-        "inputs_copied_per_replay": probe.copied_inputs,
+        "static_inputs": len(static_input_positions(gm, example_inputs)),
+        "inputs_copied_per_replay": watch.copied_inputs,
     }
     return run

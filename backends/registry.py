@@ -3,7 +3,9 @@
 A backend is what dynamo calls a backend, `(gm, example_inputs, **options) -> callable`,
 plus `available() -> str | None` (None when it can run here, else a short reason).
 A backend that cannot take a graph raises `backends.errors.Unsupported(reason)`; any other
-exception is a real failure. A backend never mutates the `gm` it is given.
+exception is a real failure. A backend never mutates the `gm` it is given. A backend may
+declare a `graphed` hook, the same compiler with its result run under CUDA graphs, which
+the chain's `cuda_graphs` stage tries as a variant (`<name>+graphs`).
 
 A compiled callable may carry `chain_details: dict` (JSON-able facts for the report:
 partition counts, fallback reasons, cache hits, providers), which the chain copies into
@@ -15,6 +17,7 @@ the winning callable and the report never holds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +60,7 @@ class Backend:
     checks: Mapping[str, Check] = field(default_factory=dict)
     vocabulary: Vocabulary | None = None
     vocabulary_doc: str | None = None  # what to say instead of listing a long vocabulary
+    graphed: CompilerFn | None = None  # the same compiler with its output under CUDA graphs
 
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], **options: Any
@@ -92,11 +96,14 @@ class BackendRegistry:
         replace: bool = False,
         vocabulary: Vocabulary | None = None,
         vocabulary_doc: str | None = None,
+        graphed: CompilerFn | None = None,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
         `options`: the option names, or a mapping of names to value checks
         (`backends.options`: `one_of`, `integer`, ...; None for no check).
+        `graphed(gm, example_inputs, **options)`, when given, compiles the same way and runs
+        the result under CUDA graphs (the chain's `cuda_graphs` stage tries it as a variant).
         """
         checks = (
             {k: v for k, v in options.items() if v is not None}
@@ -117,9 +124,24 @@ class BackendRegistry:
                 checks=checks,
                 vocabulary=vocabulary,
                 vocabulary_doc=vocabulary_doc,
+                graphed=graphed,
             )
             self._backends[name] = backend
             return backend
+
+        return decorate
+
+    def graphed_variant(self, name: str) -> Callable[[CompilerFn], CompilerFn]:
+        """Decorator: `fn` is the CUDA graphs variant of the registered backend `name`.
+
+        For a backend whose package registers it elsewhere: its graphs module adds the hook.
+        """
+
+        def decorate(fn: CompilerFn) -> CompilerFn:
+            if name not in self._backends:
+                raise ValueError(f"no backend {name!r} to give a CUDA graphs variant")
+            self._backends[name] = dataclasses.replace(self._backends[name], graphed=fn)
+            return fn
 
         return decorate
 

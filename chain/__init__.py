@@ -22,7 +22,8 @@ def chain(*backends: object, **kwargs: object) -> Chain:
 
     Keyword options: mode ("first" | "fastest"), verify, measure, strict, options
     ({backend name: {option: value}}), report_path, min_speedup, compile_timeout_s,
-    max_retries, measure_budget_s, tolerances. See the README for each.
+    max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False).
+    See the README for each.
     """
     return Chain(*backends, **kwargs)  # type: ignore[arg-type]
 

@@ -17,6 +17,7 @@ from backends.registry import Backend
 from chain import graphinfo
 from chain.attempt import Reference, failed_attempt, one_line, try_backend
 from chain.fp64 import fp64_reference
+from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
@@ -60,6 +61,7 @@ class Chain:
         measure_budget_s: float = 0.2,
         tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
         eager_floor: bool = True,
+        cuda_graphs: str | bool = "auto",
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -85,6 +87,7 @@ class Chain:
         self.measure_budget_s = measure_budget_s
         self.tolerances = tolerances
         self.eager_floor = eager_floor
+        self.graphs = GraphsStage(cuda_graphs, self.backends)
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report = Report()
@@ -104,6 +107,8 @@ class Chain:
             log.debug("chain ignores dynamo's arguments %s", sorted(dynamo_kwargs))
         inputs = list(example_inputs)
         reference, notes = self._reference(gm, inputs)
+        if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
+            notes.append(note)
         record = GraphRecord(
             id=len(self.report.graphs),
             fingerprint=graphinfo.fingerprint(gm, inputs),
@@ -125,9 +130,11 @@ class Chain:
         return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner))
 
     def _index(self, name: str) -> int:
-        """Position of a backend in the chain; the eager floor sits after the last one."""
+        """Position in the chain of the backend an attempt belongs to (variants too); the
+        eager floor sits after the last one."""
         names = [b.name for b in self.backends]
-        return names.index(name) if name in names else len(names)
+        base = base_name(name)
+        return names.index(base) if base in names else len(names)
 
     def backend_name(self, index: int) -> str:
         """The name of the backend at `index` (past the end: the eager floor)."""
@@ -136,7 +143,7 @@ class Chain:
     def fall_back(self, guard: GuardedGraph, exc: Exception, args: tuple[Any, ...]) -> None:
         """The winner raised at run time: record it and switch to the next backend that passes."""
         record = self.report.graphs[guard.graph_id]
-        failed_name = self.backend_name(guard.backend_index)
+        failed_name = record.winner or self.backend_name(guard.backend_index)
         if self.strict:
             raise exc
         log.warning(
@@ -151,7 +158,6 @@ class Chain:
             guard.gm, inputs, reference, start=guard.backend_index + 1
         )
         by_name = {a.backend: a for a in new}
-        known = {a.backend for a in record.attempts}
         attempts = tuple(
             dataclasses.replace(
                 a,
@@ -164,6 +170,7 @@ class Chain:
             else by_name.get(a.backend, a)
             for a in record.attempts
         )
+        known = {a.backend for a in record.attempts}  # variants tried only now come after
         attempts += tuple(a for a in new if a.backend not in known)
         record = self._finish(record, attempts, eager)
         if record.winner is None:
@@ -206,9 +213,11 @@ class Chain:
         """Attempts for backends[start:], the passing callables, and eager's timing."""
         attempts: list[Attempt] = []
         passed: dict[str, Callable[..., Any]] = {}
-        slow: dict[str, Callable[..., Any]] = {}
+        slow: dict[str, Callable[..., Any]] = {}  # below min_speedup: for the rescue
+        floored: dict[str, Callable[..., Any]] = {}  # measurably slower than eager
         eager: Timing | None = None
         shape = graphinfo.fingerprint(gm, inputs)
+        why_not_graphs = self.graphs.why_not(gm, inputs)
         for backend in self.backends[start:]:
             if passed and self.mode == "first":
                 attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
@@ -240,22 +249,17 @@ class Chain:
                     [attempt], {backend.name: fn}, gm, inputs, reference
                 )
                 eager = timings[_EAGER_REF]
-                if attempt.status is not Status.WON:
-                    fn = None
-                elif reason := self._below_floor(attempt.backend, timings):
-                    attempt = dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
-                    fn = None
-                elif self._too_slow(attempt, backend):
-                    speedup = f"{attempt.speedup:.2f}x"
-                    attempt = dataclasses.replace(
-                        attempt,
-                        status=Status.SLOWER,
-                        reason=f"{speedup} over eager < min_speedup {self.min_speedup}",
-                    )
-                    slow[backend.name], fn = fn, None
+                attempt, fn = self._judge_speed(attempt, fn, backend, timings, slow, floored)
             if fn is not None:
                 passed[backend.name] = fn
-            attempts.append(attempt)
+            attempts.append(mark(attempt))
+            verified = fn is not None or backend.name in slow or backend.name in floored
+            if verified and not attempts[-1].cuda_graphs:
+                speed = (slow, floored)
+                timed = self._try_graphed(
+                    backend, gm, inputs, reference, why_not_graphs, attempts, passed, speed
+                )
+                eager = timed or eager
         if self.measure and passed and self.mode == "fastest":
             attempts, timings = self._measure(attempts, passed, gm, inputs, reference)
             eager = timings.get(_EAGER_REF)
@@ -267,6 +271,98 @@ class Chain:
             attempts.append(self._floor_attempt(eager))
             passed[EAGER] = gm.forward
         return attempts, passed, eager
+
+    def _judge_speed(
+        self,
+        attempt: Attempt,
+        fn: Callable[..., Any],
+        backend: Backend,
+        timings: dict[str, Timing],
+        slow: dict[str, Callable[..., Any]],
+        floored: dict[str, Callable[..., Any]],
+    ) -> tuple[Attempt, Callable[..., Any] | None]:
+        """`first` mode, a timed candidate: it wins, or is `slower` (below the eager floor:
+        into `floored`; below min_speedup: into `slow`, for the rescue), or failed while timed.
+        """
+        if attempt.status is not Status.WON:
+            return attempt, None
+        if reason := self._below_floor(attempt.backend, timings):
+            floored[attempt.backend] = fn
+            return dataclasses.replace(attempt, status=Status.SLOWER, reason=reason), None
+        if self._too_slow(attempt, backend):
+            slow[attempt.backend] = fn
+            reason = f"{attempt.speedup:.2f}x over eager < min_speedup {self.min_speedup}"
+            return dataclasses.replace(attempt, status=Status.SLOWER, reason=reason), None
+        return attempt, fn
+
+    def _try_graphed(
+        self,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        why_not: tuple[Status, str] | None,
+        attempts: list[Attempt],
+        passed: dict[str, Callable[..., Any]],
+        speed: tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]],
+    ) -> Timing | None:
+        """The `cuda_graphs` stage for one verified candidate (see chain.graphs).
+
+        Appends the variant's attempt; returns eager's timing when it timed eager anew.
+        `speed` holds the candidates that lost on speed: (below min_speedup, below eager).
+        """
+        variant = self.graphs.variant(backend)
+        if variant is None:
+            return None
+        if why_not is not None:
+            if (refusal := self.graphs.refusal(variant, why_not)) is not None:
+                attempts.append(refusal)
+            return None
+        attempt, fn = self.graphs.tried(
+            *try_backend(
+                variant,
+                gm,
+                inputs,
+                reference,
+                options=self.options.get(backend.name, {}),
+                max_retries=self.max_retries,
+                timeout_s=self.compile_timeout_s,
+                strict=self.strict,
+            )
+        )
+        if fn is None or self.mode == "fastest":
+            attempts.append(attempt)
+            if fn is not None:
+                passed[variant.name] = fn
+            return None
+        plain, eager = attempts.pop(), None
+        if backend.name not in passed:  # plain lost on speed: the variant is timed on its own
+            if self.measure:
+                [attempt], timings = self._measure(
+                    [attempt], {variant.name: fn}, gm, inputs, reference
+                )
+                eager = timings[_EAGER_REF]
+                attempt, fn = self._judge_speed(attempt, fn, backend, timings, *speed)
+            if fn is not None:
+                passed[variant.name] = fn
+            attempts += [plain, attempt]
+            return eager
+        if self.measure:
+            fns = {backend.name: passed[backend.name], variant.name: fn}
+            pair, timings = self._measure([plain, attempt], fns, gm, inputs, reference)
+            eager = timings[_EAGER_REF]
+            plain, attempt = pair
+            if attempt.status is Status.WON and (
+                reason := self._below_floor(attempt.backend, timings)
+            ):
+                attempt = dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
+        plain, attempt = prefer_graphed(plain, attempt)
+        for a, f in ((plain, passed.get(backend.name)), (attempt, fn)):
+            passed.pop(a.backend, None)
+            if a.status is Status.WON and f is not None:
+                passed[a.backend] = f
+        attempts += [plain, attempt]
+        return eager
 
     def _measure(
         self,
@@ -420,7 +516,7 @@ class Chain:
         winner = next((a.backend for a in attempts if a.status is Status.WON), None)
         record = dataclasses.replace(
             record,
-            attempts=attempts,
+            attempts=tuple(mark(a) for a in attempts),
             winner=winner,
             eager_ms=eager.median_ms if eager is not None else record.eager_ms,
             eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,

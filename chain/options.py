@@ -94,12 +94,20 @@ def backend_options(value: Any) -> dict[str, dict[str, Any]]:
     return {key: dict(opts) for key, opts in value.items()}
 
 
+def cuda_graphs(value: Any) -> str | bool:
+    """The `cuda_graphs` stage setting: "auto", True or False (not 1, not "yes")."""
+    if value is True or value is False or value == "auto":
+        return value
+    raise BadValue("'auto', True or False")
+
+
 CHAIN_OPTIONS: dict[str, Check] = {
     "mode": one_of(*MODES),
     "verify": boolean,
     "measure": boolean,
     "strict": boolean,
     "eager_floor": boolean,
+    "cuda_graphs": cuda_graphs,
     "options": optional(backend_options),
     "report_path": optional(path),
     "min_speedup": optional(number(above=0)),

@@ -74,6 +74,7 @@ class Attempt:
     spread_ms: float | None = None  # half-width of the 99% confidence interval of latency_ms
     retries: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    cuda_graphs: bool = False  # this attempt is a backend's variant run under CUDA graphs
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

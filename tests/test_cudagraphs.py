@@ -249,7 +249,7 @@ def test_clone_outputs_survive_a_reused_output_buffer() -> None:
         buffer.copy_(x * 2)
         return buffer, weight
 
-    run = clone_outputs(reuses_buffer, clone_mask=[True, False])
+    run = clone_outputs(reuses_buffer, [True, False])
     first, first_weight = run(torch.ones(3))
     second, _ = run(torch.full((3,), 5.0))
     assert torch.equal(first, torch.full((3,), 2.0))

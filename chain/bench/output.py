@@ -150,6 +150,39 @@ def chain_costs(rows: Sequence[Result]) -> list[str]:
     return out
 
 
+def against_peers(rows: Sequence[Result]) -> list[str]:
+    """Markdown: per model and chain, its latency over the best non-chain row's (the best peer).
+
+    Peers are eager, each single backend and the peer columns; only rows that matched
+    eager count. Below 1.00x the chain is faster than every peer on that model.
+    """
+    best: dict[str, Result] = {}
+    for row in rows:
+        if row.kind == "chain" or row.status != "ok" or not row.median_ms:
+            continue
+        if row.model not in best or row.median_ms < (best[row.model].median_ms or 0):
+            best[row.model] = row
+    chains = [r for r in rows if r.kind == "chain" and r.status == "ok" and r.median_ms]
+    if not chains or not any(r.kind == "peer" for r in rows):
+        return []
+    out = ["", "## The chains against the best peer", ""]
+    out += ["Chain latency over the best peer's latency, per model (below 1.00x: the chain is "
+            "faster than every peer).", ""]  # fmt: skip
+    out += ["| model | chain | best peer | peer ms | chain ms | chain / best peer |"]
+    out += ["|---|---|---|---:|---:|---:|"]
+    for row in chains:
+        peer = best.get(row.model)
+        if peer is None or not peer.median_ms or not row.median_ms:
+            continue
+        out.append(f"| {row.model} | {row.candidate} | {peer.candidate} | {peer.median_ms:.3f} "
+                   f"| {row.median_ms:.3f} | {row.median_ms / peer.median_ms:.2f}x |")  # fmt: skip
+    unavailable = [r for r in rows if r.status == "unavailable" and r.kind == "eager"]
+    if unavailable:
+        out += ["", "Models not run here:", ""]
+        out += [f"- {r.model}: {r.reason}" for r in unavailable]
+    return out
+
+
 def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
     """A summary: the settings, geometric-mean speedups per candidate, then every row."""
     out = [
@@ -169,6 +202,7 @@ def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
     for cand, (mean, n) in geomeans(rows).items():
         out.append(f"| {cand} | {mean:.2f}x | {n} |")
     out += chain_costs(rows)
+    out += against_peers(rows)
     out += ["", "## All runs", "", "| " + " | ".join(HEADERS) + " |"]
     out.append("|" + "---|" * len(HEADERS))
     for row in rows:

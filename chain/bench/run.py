@@ -29,10 +29,13 @@ from chain.bench.candidates import (
     thread_options,
 )
 from chain.bench.harness import Result, Settings, bench_model, warm_dynamo
-from chain.bench.models import QUICK_MODELS, SUITE, default_models
+from chain.bench.models import QUICK_MODELS, SUITE, ModelSpec, default_models
 from chain.bench.output import to_table, write_all
+from chain.bench.peers import peer_candidates
+from chain.bench.real_models import QUICK_REAL_MODELS, REAL_SUITE
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+SUITES: dict[str, dict[str, ModelSpec]] = {"default": SUITE, "real": REAL_SUITE}
 
 
 def names_list(
@@ -75,9 +78,19 @@ def positive(minimum: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     """The command line; defaults of None are filled from `--quick` or the full run."""
     p = argparse.ArgumentParser(prog="chain bench", description=__doc__.splitlines()[0])
-    models = ", ".join(f"{n} ({s.doc})" for n, s in SUITE.items())
+    models = ", ".join(f"{n} ({s.doc})" for n, s in (SUITE | REAL_SUITE).items())
     p.add_argument(
-        "--models", type=names_list(lambda: list(SUITE), "model"), help=f"comma-separated: {models}"
+        "--models",
+        type=names_list(lambda: list(SUITE | REAL_SUITE), "model"),
+        help=f"comma-separated: {models}",
+    )
+    p.add_argument(
+        "--suite",
+        choices=tuple(SUITES),
+        default="default",
+        help="default: small models built in code; real: timm and transformers models from "
+        "configs (random weights) with the peer columns inductor[reduce-overhead] and "
+        "onnxruntime-direct",
     )
     backends_help = f"comma-separated single backends (default {','.join(KNOWN_BACKENDS)})"
     p.add_argument(
@@ -124,10 +137,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     if args.dtype != "fp32" and args.device != "cuda":
         parser.error(f"--dtype {args.dtype} needs --device cuda (CPU runs are fp32 only)")
-    args.models = args.models or (list(QUICK_MODELS) if args.quick else default_models())
+    suite = SUITES[args.suite]
+    if args.suite == "real":  # every model is a row: the ones that cannot be built say why
+        args.models = args.models or list(QUICK_REAL_MODELS if args.quick else REAL_SUITE)
+    else:
+        args.models = args.models or (list(QUICK_MODELS) if args.quick else default_models())
     for name in args.models:
-        reason = SUITE[name].available()
-        if reason:
+        if name not in suite:
+            parser.error(f"--models {name}: not in --suite {args.suite} ({', '.join(suite)})")
+        reason = suite[name].available()
+        if reason and args.suite != "real":
             parser.error(f"--models {name}: {reason}")
     args.backends = KNOWN_BACKENDS if args.backends is None else args.backends
     chains = [list(DEFAULT_CHAIN)] if args.chains is None else args.chains
@@ -164,6 +183,9 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
     settings = Settings(repeats=args.repeats, warmup=args.warmup)
     options = thread_options(args.threads)
     candidates = build_candidates(args.backends, args.chains, args.modes, options)
+    if args.suite == "real":
+        candidates[1:1] = peer_candidates(args.threads)  # after eager, before the backends
+    suite = SUITES[args.suite]
     rows: list[Result] = []
     columns = (
         TextColumn("{task.description}"),
@@ -180,8 +202,12 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
             progress.update(task, advance=1, description=text)
 
         for name in args.models:
+            if reason := suite[name].available():
+                rows.append(Result(name, "eager", "eager", "unavailable", reason))
+                step(f"{name}: {reason}")
+                continue
             torch._dynamo.reset()  # each model compiles from scratch
-            model, inputs = SUITE[name].build(args.batch_size, device, dtype, tiny=args.quick)
+            model, inputs = suite[name].build(args.batch_size, device, dtype, tiny=args.quick)
             with torch._dynamo.config.patch(recompile_limit=64):  # one entry per candidate
                 rows += bench_model(name, model, inputs, candidates, settings, step)
     meta = {
@@ -194,6 +220,7 @@ def run(args: argparse.Namespace, console: Console) -> tuple[dict[str, Any], lis
         "repeats": args.repeats,
         "warmup": args.warmup,
         "quick": args.quick,
+        "suite": args.suite,
         "models": args.models,
         "candidates": [c.label for c in candidates],
         "options": options,

@@ -1,0 +1,216 @@
+"""ONNX Runtime's CUDA graphs variant: `enable_cuda_graph` with IOBinding on fixed addresses.
+
+ONNX Runtime captures a CUDA graph itself when the CUDA EP is created with
+`enable_cuda_graph=1` (the TensorRT EP: `trt_cuda_graph_enable=1`): two regular runs
+(its arena allocates then), a capture on the third, replays after, all on the calling
+thread. It demands what a replay needs: every node on the GPU EP (else the session is
+refused, which becomes `Unsupported` with ORT's words), static shapes, and inputs and
+outputs bound through IOBinding at the same addresses on every run.
+
+So this runner allocates one static torch tensor per ONNX input and output, binds them
+once, and per call copies the caller's activations into the static inputs on torch's
+stream, runs, and returns clones of the static outputs (an output held from one call is
+never overwritten by the next replay). Parameters and buffers are ONNX initializers
+inside the session: never fed, never copied. A frozen weight changed after export
+raises `FrozenWeightChanged` (the chain then falls back to its next candidate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from backends.common.cudagraph_preconditions import check_preconditions
+from backends.common.onnx_export import OnnxGraph, export_onnx
+from backends.cudagraphs import cudagraphs_available
+from backends.errors import Unsupported
+from backends.onnxruntime import (
+    _device_of,
+    _output_nodes,
+    _output_specs,
+    check_inference,
+    details,
+)
+from backends.onnxruntime.runtime import FrozenWeightChanged, OutputSpec, snapshot_frozen
+from backends.onnxruntime.session import (
+    Provider,
+    create_session,
+    default_providers,
+    provider_names,
+    session_options,
+    user_stream,
+)
+from backends.registry import registry
+
+GRAPH_SWITCH = {
+    "CUDAExecutionProvider": "enable_cuda_graph",
+    "TensorrtExecutionProvider": "trt_cuda_graph_enable",
+}
+WARM_RUNS = 3  # ORT: two regular runs (arena allocations), the capture on the third
+
+
+def graphed_providers(providers: Sequence[Provider]) -> list[Provider]:
+    """The providers with CUDA graph capture switched on for each EP that has the switch."""
+    out: list[Provider] = []
+    for provider in providers:
+        name, opts = (provider, {}) if isinstance(provider, str) else provider
+        out.append((name, {**opts, GRAPH_SWITCH[name]: "1"}) if name in GRAPH_SWITCH else provider)
+    if not any(not isinstance(p, str) and p[0] in GRAPH_SWITCH for p in out):
+        raise Unsupported(
+            f"no execution provider that captures CUDA graphs among {provider_names(providers)}"
+        )
+    return out
+
+
+def element_type(dtype: torch.dtype) -> int:
+    """The ONNX element type IOBinding takes for a torch dtype (bfloat16 included)."""
+    from onnx import TensorProto
+
+    table = {
+        torch.float32: TensorProto.FLOAT,
+        torch.float16: TensorProto.FLOAT16,
+        torch.bfloat16: TensorProto.BFLOAT16,
+        torch.float64: TensorProto.DOUBLE,
+        torch.int64: TensorProto.INT64,
+        torch.int32: TensorProto.INT32,
+        torch.int8: TensorProto.INT8,
+        torch.uint8: TensorProto.UINT8,
+        torch.bool: TensorProto.BOOL,
+    }
+    if dtype not in table:
+        raise Unsupported(f"{dtype} has no ONNX element type for IOBinding")
+    return table[dtype]
+
+
+class GraphedOrtRunner:
+    """Feeds fixed-address inputs, replays ORT's captured graph, returns cloned outputs."""
+
+    def __init__(
+        self,
+        graph: OnnxGraph,
+        session: Any,
+        example_inputs: Sequence[Any],
+        outputs: Sequence[OutputSpec],
+        single_output: bool,
+        device: torch.device,
+        stream: int | None,
+        chain_details: dict[str, Any],
+    ) -> None:
+        self.graph, self.session = graph, session
+        self._single, self._device, self._stream = single_output, device, stream
+        self._frozen = snapshot_frozen(graph, example_inputs)
+        self._scalars = tuple(graph.scalars.items())
+        self._binding = session.io_binding()
+        index = device.index or 0
+        self._inputs: list[tuple[int, torch.Tensor]] = []
+        for name, i in zip(graph.input_names, graph.input_positions, strict=True):
+            example = example_inputs[i]
+            static = torch.empty(example.shape, dtype=example.dtype, device=device)
+            self._binding.bind_input(
+                name, "cuda", index, element_type(static.dtype), tuple(static.shape),
+                static.data_ptr(),
+            )  # fmt: skip
+            self._inputs.append((i, static))
+        self._outputs: list[torch.Tensor] = []
+        for name, spec in zip(graph.output_names, outputs, strict=True):
+            if spec.shape is None or spec.dtype is None:
+                raise Unsupported(f"output {name} has no static shape to bind at a fixed address")
+            out = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+            self._binding.bind_output(
+                name, "cuda", index, element_type(out.dtype), tuple(out.shape), out.data_ptr()
+            )
+            self._outputs.append(out)
+        self.chain_details = {
+            **chain_details,
+            "cuda_graphs": True,
+            "inputs_copied_per_replay": len(self._inputs),
+            "weights_as_initializers": graph.num_initializers,
+        }
+
+    @property
+    def chain_payload(self) -> bytes:
+        """The ONNX model this runner executes (weights included as initializers)."""
+        return self.graph.model
+
+    def _check_weights(self, args: Sequence[Any]) -> None:
+        for i, tensor, version, ptr in self._frozen:
+            arg = args[i]
+            if arg is not tensor or arg._version != version or arg.data_ptr() != ptr:
+                raise FrozenWeightChanged(
+                    f"frozen weight (graph input {i}) changed after it was captured in a CUDA "
+                    "graph; compile again to pick it up"
+                )
+        for i, number in self._scalars:
+            if args[i].item() != number:
+                raise FrozenWeightChanged(f"module constant (graph input {i}) changed")
+
+    def __call__(self, *args: Any) -> Any:
+        self._check_weights(args)
+        for i, static in self._inputs:
+            static.copy_(args[i])  # activations only: weights live in the session
+        current = torch.cuda.current_stream(self._device)
+        if current.cuda_stream != self._stream:
+            current.synchronize()  # ORT runs on another stream: let the copies land first
+        self.session.run_with_iobinding(self._binding)  # ORT syncs its stream on return
+        outs = tuple(o.clone() for o in self._outputs)
+        return outs[0] if self._single else outs
+
+
+@registry.graphed_variant("onnxruntime")
+def onnxruntime_graphed(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    providers: Sequence[Provider] | None = None,
+    graph_optimization_level: str = "all",
+    intra_op_num_threads: int | None = None,
+    allow_spinning: bool = False,
+    on_weight_change: str = "reexport",
+) -> GraphedOrtRunner:
+    """The ONNX Runtime backend's export, run as a CUDA graph ORT captures itself."""
+    del on_weight_change  # a captured graph cannot re-export: a changed weight always raises
+    if reason := cudagraphs_available():
+        raise Unsupported(f"CUDA graphs: {reason}")
+    if reason := check_preconditions(gm, example_inputs):
+        raise Unsupported(reason)
+    check_inference(example_inputs)
+    device = _device_of(example_inputs)
+    outputs, single = _output_nodes(gm)
+    specs = _output_specs(outputs)
+    chosen = graphed_providers(
+        list(providers) if providers is not None else default_providers(device)
+    )
+    options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+    graph = export_onnx(gm, example_inputs)
+    session = create_graphed_session(graph.model, options, chosen)
+    runner = GraphedOrtRunner(
+        graph,
+        session,
+        example_inputs,
+        specs,
+        single,
+        device,
+        user_stream(chosen),
+        details(graph, chosen, session),
+    )
+    for _ in range(WARM_RUNS):  # regular runs, then the capture: replays from here on
+        runner(*example_inputs)
+    torch.cuda.synchronize(device)
+    return runner
+
+
+def create_graphed_session(model: bytes, options: Any, providers: Sequence[Provider]) -> Any:
+    """A session with graph capture on; ORT's refusal of capture becomes Unsupported."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    try:
+        return create_session(model, options, providers)
+    except state.Fail as error:  # e.g. "nodes not partitioned to the CUDA EP"
+        text = str(error)
+        if "graph" not in text.lower():
+            raise
+        line = next((s for s in text.splitlines() if s.strip()), type(error).__name__)
+        raise Unsupported(f"onnxruntime refused CUDA graphs: {line[:200]}", detail=text) from error
