@@ -10,8 +10,12 @@ the chain's `cuda_graphs` stage tries as a variant (`<name>+graphs`).
 A compiled callable may carry `chain_details: dict` (JSON-able facts for the report:
 partition counts, fallback reasons, cache hits, providers), which the chain copies into
 the attempt's `details` (its `summary`, one line, shows in the report's reason column),
-and `chain_payload` (bytes: an ONNX model, a TensorRT engine), which export reads from
-the winning callable and the report never holds.
+and `chain_payload` (bytes: an ONNX model, a TensorRT engine), which the report never holds.
+
+A backend that can be exported (`chain.export`) declares two more hooks, kept in its own
+folder (`backends.common.parts` has their vocabulary): `exporter(request) -> ExportedParts
+| None` turns its compiled graph into parts with payloads, and `loader(header, body,
+device) -> runner` runs a payload it built, in any process that imports `backends`.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 
 from backends.errors import InvalidBackend
 from backends.options import Check, check_options, did_you_mean
+
+if TYPE_CHECKING:
+    from backends.common.parts import Exporter, Loader
 
 CompiledFn = Callable[..., Any]
 CompilerFn = Callable[..., CompiledFn]  # (gm, example_inputs, **options) -> CompiledFn
@@ -61,6 +68,13 @@ class Backend:
     vocabulary: Vocabulary | None = None
     vocabulary_doc: str | None = None  # what to say instead of listing a long vocabulary
     graphed: CompilerFn | None = None  # the same compiler with its output under CUDA graphs
+    exporter: Exporter | None = None  # compiled graph -> parts with payloads (chain.export)
+    loader: Loader | None = None  # payload header and body -> a runner (at load time)
+
+    @property
+    def exportable(self) -> bool:
+        """Whether `chain.export` can put this backend's compiled parts in a program."""
+        return self.exporter is not None and self.loader is not None
 
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], **options: Any
@@ -97,6 +111,8 @@ class BackendRegistry:
         vocabulary: Vocabulary | None = None,
         vocabulary_doc: str | None = None,
         graphed: CompilerFn | None = None,
+        exporter: Exporter | None = None,
+        loader: Loader | None = None,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
@@ -104,7 +120,11 @@ class BackendRegistry:
         (`backends.options`: `one_of`, `integer`, ...; None for no check).
         `graphed(gm, example_inputs, **options)`, when given, compiles the same way and runs
         the result under CUDA graphs (the chain's `cuda_graphs` stage tries it as a variant).
+        `exporter` and `loader` (given together) make the backend exportable: see
+        `backends.common.parts`.
         """
+        if (exporter is None) != (loader is None):
+            raise ValueError(f"backend {name!r}: give both exporter and loader, or neither")
         checks = (
             {k: v for k, v in options.items() if v is not None}
             if isinstance(options, Mapping)
@@ -125,6 +145,8 @@ class BackendRegistry:
                 vocabulary=vocabulary,
                 vocabulary_doc=vocabulary_doc,
                 graphed=graphed,
+                exporter=exporter,
+                loader=loader,
             )
             self._backends[name] = backend
             return backend
@@ -173,6 +195,15 @@ class BackendRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._backends)
+
+    def loader(self, name: str) -> Loader | None:
+        """The payload loader of our backend `name`, or None (unknown or not exportable)."""
+        backend = self._backends.get(name)
+        return backend.loader if backend is not None else None
+
+    def exportable_names(self) -> list[str]:
+        """Our backends with export hooks: the ones whose payloads a program may hold."""
+        return [n for n in self.names() if self._backends[n].exportable]
 
     def __contains__(self, name: object) -> bool:
         return name in self._backends

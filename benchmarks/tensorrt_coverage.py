@@ -29,7 +29,7 @@ def coverage(name: str, options: PartitionOptions) -> list[dict[str, Any]]:
     facts: list[dict[str, Any]] = []
 
     def planner(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
-        facts.append(plan(gm, example_inputs, options).result.details())
+        facts.append(plan(gm, example_inputs, options).result.details("tensorrt"))
         return gm.forward
 
     torch._dynamo.reset()

@@ -14,6 +14,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import chain
+from backends.common.payload import digest, specs_to_str, to_tensor
+from backends.tensorrt.deploy import check_tensorrt
 from chain.deploy import (
     CaptureError,
     Header,
@@ -25,8 +27,6 @@ from chain.deploy import (
     clear_cache,
     pack,
 )
-from chain.deploy.payload import digest, specs_to_str, to_tensor
-from chain.deploy.runtimes import check_tensorrt
 from tests.models import build, build_extra
 
 ROUND_TRIP = ("cnn", "transformer", "kthvalue")

@@ -63,6 +63,24 @@ class OnnxGraph:
     decomposed: tuple[str, ...] = ()
     mutated: tuple[int, ...] = ()
 
+    @classmethod
+    def of_model(
+        cls, model: bytes, input_names: Sequence[str], output_names: Sequence[str], opset: int
+    ) -> OnnxGraph:
+        """A saved model's graph: inputs fed in order, nothing frozen, derived or written."""
+        return cls(
+            model=model,
+            input_names=tuple(input_names),
+            output_names=tuple(output_names),
+            input_positions=tuple(range(len(input_names))),
+            frozen=(),
+            derived=(),
+            scalars={},
+            dynamic_dims={},
+            opset=opset,
+            num_initializers=0,
+        )
+
     @property
     def num_outputs(self) -> int:
         """The graph's own outputs (without the new values of mutated inputs)."""

@@ -1,6 +1,7 @@
 """onnxruntime: FX graph -> ONNX (weights as initializers) -> ONNX Runtime, zero-copy I/O.
 
-Export and session creation happen once per graph, at compile time. The compiled callable
+Export and session creation happen once per graph, at compile time; `chain.export` puts
+the ONNX models in programs through the hooks of `deploy.py`. The compiled callable
 carries the ONNX bytes as `chain_payload` and providers, opset, initializer count and
 frozen inputs as `chain_details`. See `runtime` for what happens when frozen weights change.
 
@@ -24,6 +25,7 @@ from torch import fx
 
 from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.errors import Unsupported
+from backends.onnxruntime.deploy import export_parts, load_payload
 from backends.onnxruntime.runtime import (
     Compiled,
     FrozenWeightChanged,
@@ -129,7 +131,13 @@ def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> di
     }
 
 
-@register_backend("onnxruntime", available=available, options=OPTIONS)
+@register_backend(
+    "onnxruntime",
+    available=available,
+    options=OPTIONS,
+    exporter=export_parts,
+    loader=load_payload,
+)
 def onnxruntime_backend(
     gm: fx.GraphModule,
     example_inputs: list[Any],

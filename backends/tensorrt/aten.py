@@ -81,20 +81,3 @@ def _drop_guards(gm: fx.GraphModule) -> None:
         if node.op == "call_module" and str(node.target).startswith("_guards"):
             gm.graph.erase_node(node)
     gm.delete_all_unused_submodules()
-
-
-def op_histogram(gm: fx.GraphModule) -> dict[str, int]:
-    """How many times each op is called (getitem left out): for tests and reports."""
-    counts: dict[str, int] = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is not __import__("operator").getitem:
-            counts[op_name(node)] = counts.get(op_name(node), 0) + 1
-    return counts
-
-
-def op_name(node: fx.Node) -> str:
-    """`aten.relu.default` style name of a call_function node."""
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    return getattr(target, "__name__", str(target))

@@ -13,17 +13,26 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import op_histogram
+from backends.common.partitioner import summarize
 from backends.errors import Unsupported
 from backends.registry import register_backend
 from backends.tensorrt.availability import available, check_devices, check_inference_graph
-from backends.tensorrt.partitioning.partitioner import summarize
+from backends.tensorrt.deploy import export_parts, load_payload
 from backends.tensorrt.pipeline import Plan, plan
 from backends.tensorrt.settings import OPTIONS, Settings
 
 logger = logging.getLogger(__name__)
 
 
-@register_backend("tensorrt", available=available, options=OPTIONS, tags=("gpu",))
+@register_backend(
+    "tensorrt",
+    available=available,
+    options=OPTIONS,
+    tags=("gpu",),
+    exporter=export_parts,
+    loader=load_payload,
+)
 def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **options: Any) -> Any:
     """TensorRT engines for the parts of the graph it supports; the rest runs in PyTorch."""
     settings = Settings.from_options(options)
@@ -33,10 +42,10 @@ def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **o
         raise Unsupported(reason)
     check_devices(example_inputs)
     the_plan = plan(gm, example_inputs, settings.partition_options())
-    if not the_plan.result.engines:
+    if not the_plan.result.blocks:
         raise Unsupported(
             f"no block for TensorRT: {summarize(the_plan.result.fallback)}",
-            detail=str(the_plan.result.details()),
+            detail=str(the_plan.result.details("tensorrt")),
         )
     return build(the_plan, example_inputs, settings)
 
@@ -52,7 +61,7 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
     cache = EngineCache(settings.cache_dir)
     timing = cache.read_timing_cache() if settings.timing_cache else None
     builds, rejected = [], []
-    for name in list(result.engines):
+    for name in list(result.blocks):
         block = the_plan.block(name)
         try:
             module, record, timing = convert_block(
@@ -73,11 +82,11 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
             f"TensorRT rejected every block: {rejected[0]['reason']}",
             detail="\n".join(str(r["detail"]) for r in rejected),
         )
-    summary = f"{result.ops_tensorrt}/{result.ops_total} ops to TensorRT in {len(builds)} engine(s)"
+    summary = f"{result.ops_compiled}/{result.ops_total} ops to TensorRT in {len(builds)} engine(s)"
     if result.fallback:
         summary += f"; left to PyTorch: {summarize(result.fallback)}"
     details = {
-        **result.details(),
+        **result.details("tensorrt"),
         "summary": summary,
         "engines": len(builds),
         "builds": builds,
@@ -90,13 +99,10 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
 
 def _parser_fallback(the_plan: Plan, name: str, error: Any) -> None:
     """A block the parser refused stays a PyTorch submodule; its ops get the parser's reason."""
-    from backends.tensorrt.aten import op_histogram
 
-    result = the_plan.result
-    for op, count in op_histogram(the_plan.block(name)).items():
-        result.add_fallback(op, f"TensorRT parser: {error.reason}", count)
-    result.ops_tensorrt -= sum(op_histogram(the_plan.block(name)).values())
-    result.engines.remove(name)
+    the_plan.result.leave_to_pytorch(
+        name, op_histogram(the_plan.block(name)), f"TensorRT parser: {error.reason}"
+    )
 
 
 def _version() -> str:

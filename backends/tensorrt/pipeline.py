@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.partitioner import is_block_call
 from backends.tensorrt.aten import to_aten
 from backends.tensorrt.lowering import apply_lowering_passes
 from backends.tensorrt.partitioning import PartitionOptions, PartitionResult, partition
-from backends.tensorrt.partitioning.partitioner import is_engine_call
 
 
 @dataclass
@@ -49,7 +49,7 @@ class _Recorder(fx.Interpreter):
         self.seen: dict[str, tuple[torch.Tensor, ...]] = {}
 
     def run_node(self, n: fx.Node) -> Any:
-        if is_engine_call(n):
+        if is_block_call(n):
             args, _ = self.fetch_args_kwargs_from_env(n)
             self.seen[str(n.target)] = tuple(a for a in args)
         return super().run_node(n)

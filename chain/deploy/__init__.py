@@ -2,14 +2,22 @@
 
 `chain.export(model, args)` returns an `ExportResult` (`program, report = ...`);
 `torch.export.save` / `torch.export.load` round-trip the program in any process that
-imports `chain` (which registers the `backend_chain::run_payload` op).
+imports `chain` (which registers the `backend_chain::run_payload` op). A backend takes
+part through its export hooks (`backends.common.parts`); this package knows none by name.
 """
 
+from backends.common.payload import (
+    Header,
+    PayloadError,
+    PayloadMismatch,
+    RuntimeMissing,
+    pack,
+    unpack,
+)
+from backends.common.payload import TensorSpec as OutputSpec
 from chain.deploy.capture import CaptureError
 from chain.deploy.exporter import ExportError, ExportResult, export
 from chain.deploy.ops import cache_info, clear_cache, run_payload
-from chain.deploy.payload import Header, OutputSpec, PayloadError, pack, unpack
-from chain.deploy.runtimes import PayloadMismatch, RuntimeMissing
 
 __all__ = [
     "CaptureError",

@@ -2,11 +2,14 @@
 
 1. `torch.export` captures the model as one ATen graph (`capture.py`).
 2. The chain runs on that graph as dynamo would call it; its report records the attempts.
-3. The winner's compiled parts become `backend_chain::run_payload` calls:
-   tensorrt: each engine; onnxruntime: the whole ONNX model it verified; when ONNX Runtime
-   declined the whole graph (an op it has no translation for), ORT parts and PyTorch parts
-   (`partition.py`); any other winner: the program stays PyTorch.
-4. torch.export traces the stitched module: PyTorch parts are inlined, parameters, buffers
+3. Export hooks (`backends.common.parts`) turn compiled parts into payloads: first the
+   winner's exporter with its compiled graph, then, if it had nothing to export, each other
+   exportable backend of the chain, told how it fared (ONNX Runtime partitions a graph it
+   declined into ORT parts and PyTorch parts). No exporter: the program stays PyTorch.
+4. Every part is verified: its payload, run by its backend's loader, must reproduce the
+   outputs the exporter recorded for it.
+5. The parts' submodule calls become `backend_chain::run_payload` calls (`stitch.py`), and
+   torch.export traces the stitched module: PyTorch parts are inlined, parameters, buffers
    and payload constants lifted as torch.export does. The result is checked against eager.
 """
 
@@ -21,13 +24,13 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from backends.tensorrt.partitioning.partitioner import summarize
+from backends.common.parts import ExportedParts, ExportRequest, Part
+from backends.registry import registry
 from chain.core import Chain
+from chain.deploy import ops
 from chain.deploy.capture import capture
-from chain.deploy.engines import onnxruntime_whole, tensorrt_parts
-from chain.deploy.partition import ort_parts
-from chain.deploy.stitch import CompiledPart, stitch
-from chain.records import Status
+from chain.deploy.stitch import stitch
+from chain.records import GraphRecord
 from chain.report import Report
 from chain.verify import compare
 
@@ -87,48 +90,72 @@ def export(
     with torch.no_grad():
         guard = the_chain(gm, flat)
         record = the_chain.report.graphs[guard.graph_id]
-        built = _compiled_parts(gm, flat, guard, record, torch_executed_ops, min_block_size)
-    staged, parts, fallback, note = built
-    stitched = stitch(staged, parts)
+        exported = _exported_parts(
+            gm, tuple(flat), guard.fn, record, frozenset(torch_executed_ops), min_block_size
+        )
+        for part in exported.parts.values():
+            _verify_all(part)
+    stitched = stitch(exported.gm, exported.parts)
     stitched.graph._codegen = captured.codegen
     stitched.recompile()
     with torch.no_grad():
         program = torch.export.export(stitched, tuple(args), dict(kwargs or {}), strict=False)
     _check(model, program, args, kwargs)
-    the_chain.report.graphs[record.id] = dataclasses.replace(record, notes=(*record.notes, note))
-    return ExportResult(program, the_chain.report, [p.summary() for p in parts.values()], fallback)
+    notes = (*record.notes, exported.note)
+    the_chain.report.graphs[record.id] = dataclasses.replace(record, notes=notes)
+    summaries = [p.summary() for p in exported.parts.values()]
+    return ExportResult(program, the_chain.report, summaries, exported.fallback)
 
 
-def _compiled_parts(
+def _exported_parts(
     gm: fx.GraphModule,
-    flat: list[Any],
-    guard: Any,
-    record: Any,
-    torch_executed_ops: Sequence[str],
+    flat: tuple[Any, ...],
+    compiled: Any,
+    record: GraphRecord,
+    torch_executed_ops: frozenset[str],
     min_block_size: int,
-) -> tuple[fx.GraphModule, dict[str, CompiledPart], dict[str, dict[str, int]], str]:
-    """The graph to stitch, its parts, the ops left to PyTorch (with reasons), a report note."""
+) -> ExportedParts:
+    """The winner's exported parts, else another exportable backend's, else none."""
     winner = record.winner
-    if winner == "tensorrt":
-        staged, parts = tensorrt_parts(guard.fn, flat)
-        return staged, parts, {}, f"export: {len(parts)} TensorRT engine(s)"
-    if winner == "onnxruntime" and not torch_executed_ops:
-        whole = onnxruntime_whole(gm, guard.fn, flat)
-        if whole is not None:
-            return *whole, {}, "export: the whole graph as one ONNX Runtime model"
-    ort = next((a for a in record.attempts if a.backend == "onnxruntime"), None)
-    if ort is not None and (
-        ort.status is Status.UNSUPPORTED or (winner == "onnxruntime" and torch_executed_ops)
-    ):
-        staged, parts, result = ort_parts(
-            gm, flat, torch_executed_ops=torch_executed_ops, min_block_size=min_block_size
+    order = [winner, *(a.backend for a in record.attempts if a.backend != winner)]
+    status = {a.backend: str(a.status) for a in record.attempts}
+    for name in order:
+        if name not in registry or (exporter := registry.lookup(name).exporter) is None:
+            continue
+        won = name == winner
+        request = ExportRequest(
+            gm,
+            flat,
+            compiled if won else None,
+            status.get(name, ""),
+            verify,
+            torch_executed_ops,
+            min_block_size,
         )
-        note = (
-            f"export: {len(parts)} ONNX Runtime part(s) ({result.ops_tensorrt} of "
-            f"{result.ops_total} ops); PyTorch kept {summarize(result.fallback) or 'nothing'}"
+        exported = exporter(request)
+        if exported is not None:
+            return exported
+    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph)")
+
+
+def verify(part: Part) -> str | None:
+    """None when the part's payload, run by its backend's loader, reproduces `expected`."""
+    inputs = part.inputs
+    device = next((t.device for t in inputs if isinstance(t, torch.Tensor)), None)
+    if device is None:
+        device = part.expected[0].device if part.expected else torch.device("cpu")
+    runner = ops.preload(part.header, part.body, device)
+    return compare(tuple(part.expected), tuple(runner(inputs))).reason
+
+
+def _verify_all(part: Part) -> None:
+    """Raise ExportError when a part an exporter returned does not reproduce its outputs."""
+    reason = verify(part)
+    if reason is not None:
+        raise ExportError(
+            f"compiled part {part.name} ({part.header.describe()}) differs from what it "
+            f"replaces: {reason}"
         )
-        return staged, parts, result.fallback, note
-    return gm, {}, {}, f"export: runs in PyTorch ({winner} won the graph)"
 
 
 def _check(

@@ -1,10 +1,11 @@
 """The custom op `backend_chain::run_payload`: a compiled part inside an ExportedProgram.
 
 `run_payload(inputs, payload, outputs) -> list[Tensor]`: `payload` is the uint8 tensor
-constant (see `payload.py`), `outputs` the JSON output specs the fake implementation
+constant (see `backends.common.payload`), `outputs` the JSON output specs the fake implementation
 reads (a fake payload tensor has no bytes to parse). Importing `chain` registers the op,
 which is what `torch.export.load` needs. Sessions and engines are built at the first run of
-a payload and cached per process, keyed by the body's SHA-256 and the device.
+a payload, by the loader of the backend its header names (found in the registry), and
+cached per process, keyed by the body's SHA-256 and the device.
 """
 
 from __future__ import annotations
@@ -15,8 +16,16 @@ from collections.abc import Sequence
 
 import torch
 
-from chain.deploy.payload import Header, specs_from_str, tensor_bytes, unpack, verify_body
-from chain.deploy.runtimes import Runner, build_runner
+from backends.common.parts import Runner
+from backends.common.payload import (
+    Header,
+    PayloadError,
+    specs_from_str,
+    tensor_bytes,
+    unpack,
+    verify_body,
+)
+from backends.registry import registry
 
 OP_NAME = "backend_chain::run_payload"
 
@@ -28,6 +37,18 @@ _stats = {"built": 0}
 
 def _device_of(inputs: Sequence[torch.Tensor]) -> torch.device:
     return inputs[0].device if inputs else torch.device("cpu")
+
+
+def build_runner(header: Header, body: bytes, device: torch.device) -> Runner:
+    """The runner of a payload, from the loader of the backend that built it."""
+    loader = registry.loader(header.backend)
+    if loader is None:
+        known = ", ".join(registry.exportable_names()) or "none"
+        raise PayloadError(
+            f"payload for unknown backend {header.backend!r}: no registered backend loads "
+            f"it (loaders: {known}); import the package that registers {header.backend!r}"
+        )
+    return loader(header, body, device)
 
 
 def runner_for(payload: torch.Tensor, device: torch.device) -> Runner:

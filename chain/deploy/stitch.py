@@ -9,77 +9,16 @@ calls that the final torch.export traces through (inlines).
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
+from backends.common.parts import Part
+from backends.common.payload import TensorSpec, specs_to_str, to_tensor
 from chain.deploy import ops  # noqa: F401  (registers backend_chain::run_payload)
-from chain.deploy.payload import Header, OutputSpec, pack, specs_to_str, to_tensor
 
 PAYLOAD_PREFIX = "_chain_payload_"
-
-
-@dataclass(frozen=True)
-class CompiledPart:
-    """One compiled submodule as a payload: which of its call's arguments feed it, in order."""
-
-    name: str
-    header: Header
-    body: bytes
-    input_positions: tuple[int, ...]
-    returns_tuple: bool
-    ops: int = 0
-
-    @property
-    def payload(self) -> bytes:
-        return pack(self.header, self.body)
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-able facts for the export result."""
-        return {
-            "name": self.name,
-            "backend": self.header.backend,
-            "built_by": self.header.describe(),
-            "ops": self.ops,
-            "payload_bytes": len(self.body),
-            "sha256": self.header.sha256[:16],
-        }
-
-
-class _Recorder(fx.Interpreter):
-    """Runs a graph module in PyTorch; keeps arguments and outputs of chosen submodule calls."""
-
-    def __init__(self, gm: fx.GraphModule, targets: set[str]) -> None:
-        super().__init__(gm)
-        self.targets = targets
-        self.seen: dict[str, tuple[tuple[Any, ...], Any]] = {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        out = super().run_node(n)
-        if n.op == "call_module" and str(n.target) in self.targets:
-            args, _ = self.fetch_args_kwargs_from_env(n)
-            self.seen[str(n.target)] = (tuple(args), out)
-        return out
-
-
-def record_calls(
-    gm: fx.GraphModule, inputs: Sequence[Any], targets: set[str]
-) -> dict[str, tuple[tuple[Any, ...], Any]]:
-    """Example arguments and outputs of the `targets` submodule calls, from one eager run."""
-    with torch.no_grad():
-        recorder = _Recorder(gm, targets)
-        recorder.run(*inputs)
-    return recorder.seen
-
-
-def output_specs(out: Any) -> tuple[list[torch.Tensor], bool]:
-    """A submodule's outputs as a flat list, and whether it returned a tuple."""
-    if isinstance(out, tuple | list):
-        return list(out), True
-    return [out], False
 
 
 def _fetch(module: torch.nn.Module, target: str) -> Any:
@@ -109,7 +48,7 @@ def _assign(root: torch.nn.Module, target: str, value: Any, buffers: set[str]) -
         setattr(module, leaf, value)
 
 
-def stitch(gm: fx.GraphModule, parts: dict[str, CompiledPart]) -> fx.GraphModule:
+def stitch(gm: fx.GraphModule, parts: dict[str, Part]) -> fx.GraphModule:
     """A copy of `gm` where the calls of `parts` (submodule names) run their payloads."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -150,7 +89,7 @@ def _op_call(
     graph: fx.Graph,
     root: torch.nn.Module,
     node: fx.Node,
-    part: CompiledPart,
+    part: Part,
     env: dict[fx.Node, fx.Node],
 ) -> fx.Node:
     """Payload constant + `run_payload` call; a single-output part is unwrapped by getitem."""
@@ -158,7 +97,7 @@ def _op_call(
     setattr(root, name, to_tensor(part.payload))
     args = [fx.map_arg(a, lambda n: env[n]) for a in node.args]
     payload = graph.get_attr(name)
-    specs: list[OutputSpec] = list(part.header.outputs)
+    specs: list[TensorSpec] = list(part.header.outputs)
     call = graph.call_function(
         torch.ops.backend_chain.run_payload.default,
         ([args[i] for i in part.input_positions], payload, specs_to_str(specs)),

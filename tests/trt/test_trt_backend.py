@@ -151,13 +151,13 @@ def test_parser_rejection_keeps_the_block_in_pytorch_with_reasons() -> None:
 
     gm, inputs, expected = dynamo_graph("cnn")
     the_plan = plan(gm, inputs, PartitionOptions())
-    (name,) = the_plan.result.engines
+    (name,) = the_plan.result.blocks
     error = ParseFailed([ParserIssue(3, "node_Conv_3", "Conv", "unsupported dilation")])
     assert error.reason == "TensorRT's ONNX parser rejected 1 node(s) (Conv)"
     assert error.detail == "Conv node node_Conv_3: unsupported dilation"
     _parser_fallback(the_plan, name, error)
     result = the_plan.result
-    assert result.engines == [] and result.ops_tensorrt == 0
+    assert result.blocks == [] and result.ops_compiled == 0
     reason = f"TensorRT parser: {error.reason}"
     assert result.fallback["aten.conv2d.default"] == {reason: 2}
     assert sum(sum(r.values()) for r in result.fallback.values()) == result.ops_total == 9

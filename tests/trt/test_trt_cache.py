@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import fx
 
-from backends.tensorrt.conversion.cache import EngineCache, TensorSpec, cache_key
+from backends.common.payload import TensorSpec
+from backends.tensorrt.conversion.cache import EngineCache, cache_key
 from backends.tensorrt.settings import Settings
 from tests.trt.helpers import aten_graph
 

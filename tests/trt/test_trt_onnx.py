@@ -28,8 +28,8 @@ graph = functools.cache(dynamo_graph)
 def test_each_block_exports_to_onnx_matching_pytorch(name: str, min_block_size: int) -> None:
     gm, inputs, _ = graph(name)
     the_plan = plan(gm, inputs, PartitionOptions(min_block_size=min_block_size))
-    assert the_plan.result.engines
-    for block_name in the_plan.result.engines:
+    assert the_plan.result.blocks
+    for block_name in the_plan.result.blocks:
         block, block_inputs = the_plan.block(block_name), the_plan.engine_inputs[block_name]
         model = export_block(block, block_inputs)
         proto = onnx.load_from_string(model.data)

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import fx
 
+from backends.common.fx_utils import op_histogram
 from backends.errors import Unsupported
-from backends.tensorrt.aten import op_histogram, to_aten
+from backends.tensorrt.aten import to_aten
 from backends.tensorrt.partitioning import SUPPORT_TABLE, PartitionOptions, check, partition
 from backends.tensorrt.pipeline import plan
 from tests.trt.helpers import aten, aten_graph, dynamo_graph
@@ -42,7 +43,7 @@ def test_decomposition_keeps_tensorrt_friendly_ops_whole(name: str, kept_whole: 
 def test_models_go_to_tensorrt_whole(name: str, ops_total: int) -> None:
     gm, inputs, expected = graph(name)
     the_plan = plan(gm, inputs, PartitionOptions())
-    details = the_plan.result.details()
+    details = the_plan.result.details("tensorrt")
     whole = {"ops_total": ops_total, "ops_tensorrt": ops_total, "engines": 1, "fallback": {}}
     assert details == whole
     assert len(the_plan.engine_inputs) == 1
@@ -52,7 +53,7 @@ def test_models_go_to_tensorrt_whole(name: str, ops_total: int) -> None:
 def test_weights_are_constants_of_the_block() -> None:
     gm, inputs, _ = graph("cnn")
     the_plan = plan(gm, inputs, PartitionOptions())
-    (name,) = the_plan.result.engines
+    (name,) = the_plan.result.blocks
     block = the_plan.block(name)
     placeholders = [n for n in block.graph.nodes if n.op == "placeholder"]
     assert len(placeholders) == 1  # the image; weights and BN statistics are buffers
@@ -64,7 +65,7 @@ def test_unsupported_op_and_small_blocks_fall_back_with_reasons() -> None:
     gm, inputs, expected = graph("two_outputs")
     the_plan = plan(gm, inputs, PartitionOptions())
     result = the_plan.result
-    assert result.engines == [] and result.ops_tensorrt == 0
+    assert result.blocks == [] and result.ops_compiled == 0
     assert result.fallback == {
         "aten.linalg_vector_norm.default": {"no TensorRT converter": 1},
         "aten.linear.default": {"block too small (2 < min_block_size=5)": 1},
@@ -72,7 +73,7 @@ def test_unsupported_op_and_small_blocks_fall_back_with_reasons() -> None:
         "aten.div.Tensor": {"block too small (1 < min_block_size=5)": 1},
     }
     with_small = plan(gm, inputs, PartitionOptions(min_block_size=1)).result
-    assert with_small.ops_tensorrt == 3 and len(with_small.engines) == 2
+    assert with_small.ops_compiled == 3 and len(with_small.blocks) == 2
     assert with_small.fallback == {"aten.linalg_vector_norm.default": {"no TensorRT converter": 1}}
     for got, want in zip(plan(gm, inputs, PartitionOptions(1)).gm(*inputs), expected, strict=True):
         torch.testing.assert_close(got, want)
@@ -85,7 +86,7 @@ def test_torch_executed_ops_split_the_transformer(spelling: str) -> None:
     the_plan = plan(gm, inputs, options)
     result = the_plan.result
     assert result.fallback == {"aten.gelu.default": {"excluded by torch_executed_ops": 1}}
-    assert result.ops_tensorrt == 26 and len(result.engines) == 2
+    assert result.ops_compiled == 26 and len(result.blocks) == 2
     call = next(n for n in the_plan.gm.graph.nodes if n.target == aten.gelu.default)
     assert call.op == "call_function"  # gelu sits in the PyTorch part, between two blocks
     torch.testing.assert_close(the_plan.gm(*inputs)[0], expected)
@@ -96,13 +97,13 @@ def test_min_block_size_drops_blocks_but_never_the_whole_graph() -> None:
     excluded = frozenset({"aten.gelu"})
     small = plan(gm, inputs, PartitionOptions(min_block_size=5, torch_executed_ops=excluded))
     large = plan(gm, inputs, PartitionOptions(min_block_size=30, torch_executed_ops=excluded))
-    assert len(small.result.engines) == 1  # the 4 ops after gelu are too few
+    assert len(small.result.blocks) == 1  # the 4 ops after gelu are too few
     assert small.result.fallback["aten.layer_norm.default"] == {
         "block too small (4 < min_block_size=5)": 2
     }
-    assert large.result.engines == [] and large.result.ops_tensorrt == 0
+    assert large.result.blocks == [] and large.result.ops_compiled == 0
     mlp_gm, mlp_inputs, _ = graph("mlp")  # 3 ops < 5, but they are the whole graph
-    assert plan(mlp_gm, mlp_inputs, PartitionOptions(min_block_size=5)).result.engines
+    assert plan(mlp_gm, mlp_inputs, PartitionOptions(min_block_size=5)).result.blocks
 
 
 def test_require_full_compilation_raises_with_reasons() -> None:
@@ -149,6 +150,6 @@ def test_partition_without_supported_ops_leaves_graph_alone() -> None:
     x = torch.randn(4)
     gm = aten_graph(lambda a: torch.fft.fft(a).abs(), x)
     split, result = partition(gm, PartitionOptions(min_block_size=1))
-    assert result.engines == [] and result.ops_total == 2
+    assert result.blocks == [] and result.ops_total == 2
     assert "aten._fft_r2c.default" in result.fallback
     torch.testing.assert_close(split(x), torch.fft.fft(x).abs())

@@ -21,20 +21,10 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.payload import TensorSpec
+
 logger = logging.getLogger(__name__)
 FORMAT = 1
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of one engine input."""
-
-    shape: tuple[int, ...]
-    dtype: str
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> TensorSpec:
-        return cls(tuple(int(s) for s in tensor.shape), str(tensor.dtype).removeprefix("torch."))
 
 
 def cache_key(

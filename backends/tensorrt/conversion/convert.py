@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.tensorrt.conversion.cache import EngineCache, TensorSpec, cache_key
+from backends.common.payload import TensorSpec
+from backends.tensorrt.conversion.cache import EngineCache, cache_key
 from backends.tensorrt.conversion.engine import build_engine, tensorrt_version
 from backends.tensorrt.conversion.onnx import export_block
 from backends.tensorrt.runtime.engine_module import TensorRTEngineModule
@@ -70,7 +71,7 @@ def convert_block(
             module = TensorRTEngineModule(
                 hit.engine, hit.meta["inputs"], hit.meta["outputs"], hit.meta["returns_tuple"]
             )
-            module._load()
+            module.load()
         except (KeyError, TypeError, RuntimeError) as e:
             warnings.warn(
                 f"cached TensorRT engine {key[:12]} unusable ({type(e).__name__}: {e}); rebuilding",

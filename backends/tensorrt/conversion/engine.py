@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from backends.common.payload import TensorSpec
 from backends.errors import Unsupported
-from backends.tensorrt.conversion.cache import TensorSpec
 from backends.tensorrt.conversion.onnx import OnnxModel
 
 logger = logging.getLogger(__name__)

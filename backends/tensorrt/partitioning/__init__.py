@@ -1,19 +1,25 @@
-"""Partitioning: which ops go to TensorRT, which stay in PyTorch, and why."""
+"""Partitioning: which ops go to TensorRT, which stay in PyTorch, and why.
 
-from backends.tensorrt.partitioning.partitioner import (
-    PartitionOptions,
-    PartitionResult,
-    engine_calls,
+The partitioner itself is shared (`backends.common.partitioner`); TensorRT brings its
+support table.
+"""
+
+from backends.common.partitioner import PartitionOptions, PartitionResult, block_calls
+from backends.tensorrt.partitioning.support import (
+    SUPPORT_TABLE,
+    OpSupport,
+    check,
     partition,
+    tensorrt_support,
 )
-from backends.tensorrt.partitioning.support import SUPPORT_TABLE, OpSupport, check
 
 __all__ = [
     "SUPPORT_TABLE",
     "OpSupport",
     "PartitionOptions",
     "PartitionResult",
+    "block_calls",
     "check",
-    "engine_calls",
     "partition",
+    "tensorrt_support",
 ]

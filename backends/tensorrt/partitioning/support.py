@@ -1,8 +1,9 @@
-"""What TensorRT converts, as data: one frozen `OpSupport` row per op, with dtype and shape rules.
+"""What TensorRT converts, as data (one frozen `OpSupport` row per op), and its partitioning.
 
 A row names the ATen op (overload packet), the dtypes its tensors may have, and an optional
 validator returning a reason when a particular call cannot be converted. `check(node)`
-returns None when the node can go to TensorRT, else the reason it stays in PyTorch.
+returns None when the node can go to TensorRT, else the reason it stays in PyTorch;
+`partition` runs the shared partitioner (`backends.common.partitioner`) with this table.
 """
 
 from __future__ import annotations
@@ -14,6 +15,15 @@ from typing import Any
 
 import torch
 from torch import fx
+
+from backends.common.partitioner import (
+    EXCLUDED,
+    PartitionOptions,
+    PartitionResult,
+    ReasonedSupport,
+    is_excluded,
+)
+from backends.common.partitioner import partition as partition_with
 
 aten = torch.ops.aten
 
@@ -95,7 +105,6 @@ DATA_DEPENDENT = frozenset(
 )
 # Reasons, one vocabulary (the report groups by them).
 NO_CONVERTER = "no TensorRT converter"
-EXCLUDED = "excluded by torch_executed_ops"
 DATA_DEPENDENT_SHAPE = "data-dependent shape"
 
 
@@ -141,3 +150,15 @@ def free_unbacked(size: torch.SymInt) -> bool:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     return bool(free_unbacked_symbols(size))
+
+
+def tensorrt_support(excluded: frozenset[str]) -> ReasonedSupport:
+    """Operator support from the table, minus the ops the user keeps in PyTorch."""
+    return ReasonedSupport(lambda node: EXCLUDED if is_excluded(node, excluded) else check(node))
+
+
+def partition(
+    gm: fx.GraphModule, options: PartitionOptions
+) -> tuple[fx.GraphModule, PartitionResult]:
+    """Fuse TensorRT-able blocks of `gm` (in place) into submodules; say why the rest is not."""
+    return partition_with(gm, options, tensorrt_support(options.torch_executed_ops))

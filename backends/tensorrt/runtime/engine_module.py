@@ -52,7 +52,8 @@ class TensorRTEngineModule(nn.Module):
         self._engine: Any = None
         self._context: Any = None
 
-    def _load(self) -> None:
+    def load(self) -> None:
+        """Deserialize the engine and make its context now (a bad engine fails here, once)."""
         import tensorrt as trt
 
         from backends.tensorrt.conversion.engine import trt_logger
@@ -75,7 +76,7 @@ class TensorRTEngineModule(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self._context is None:
-            self._load()
+            self.load()
         engine, context = self._engine, self._context
         if len(inputs) != len(self.input_names):
             raise TypeError(f"engine takes {len(self.input_names)} inputs, got {len(inputs)}")

@@ -1,18 +1,21 @@
 """The payload of a compiled part: a self-describing byte string (header + model or engine).
 
 Layout: `MAGIC` (8 bytes), header length (4 bytes, little endian), header (UTF-8 JSON),
-body (the ONNX model or the serialized TensorRT engine). The header says what built the
-body (backend, its version, opset, GPU), the body's SHA-256 (the cache key of loaded
-sessions and engines, checked once at load), and the I/O names and output specs.
-In a program the payload is a uint8 tensor constant; `to_tensor` / `header_of` convert.
+body (what the backend's loader reads: an ONNX model, a serialized TensorRT engine). The
+header says what built the body (the registered backend's name, its version, opset, GPU),
+the body's SHA-256 (the cache key of loaded sessions and engines, checked once at load),
+and the I/O names and output specs. In a program the payload is a uint8 tensor constant;
+`to_tensor` / `tensor_bytes` convert. A backend's export hooks build headers; its loader
+raises `RuntimeMissing` or `PayloadMismatch` with one line naming what to do.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import json
 import struct
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,22 +23,31 @@ import torch
 
 MAGIC = b"BCHAIN1\0"
 _PREFIX = len(MAGIC) + 4
-BACKENDS = ("onnxruntime", "tensorrt")
+GPU_EXTRA = "pip install 'backend-chain[gpu]'"
+CPU_EXTRA = "pip install 'backend-chain[cpu]'"
 
 
 class PayloadError(RuntimeError):
     """A payload that cannot be read: not ours, truncated, or corrupted."""
 
 
+class RuntimeMissing(PayloadError):
+    """The payload's runtime (tensorrt, onnxruntime, a CUDA device) is not here."""
+
+
+class PayloadMismatch(PayloadError):
+    """The payload was built by a runtime this process cannot honour (version, GPU)."""
+
+
 @dataclass(frozen=True)
-class OutputSpec:
-    """Shape and dtype of one output: what the fake implementation allocates."""
+class TensorSpec:
+    """Shape and dtype of one tensor: a payload's output, an engine's input (cache key)."""
 
     shape: tuple[int, ...]
     dtype: str  # torch dtype name without the "torch." prefix
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> OutputSpec:
+    def of(cls, tensor: torch.Tensor) -> TensorSpec:
         return cls(tuple(int(s) for s in tensor.shape), str(tensor.dtype).removeprefix("torch."))
 
     @property
@@ -46,47 +58,31 @@ class OutputSpec:
         return dtype
 
 
-def specs_to_str(specs: list[OutputSpec]) -> str:
+def specs_to_str(specs: list[TensorSpec]) -> str:
     """Output specs as the op's string argument (JSON)."""
     return json.dumps([{"shape": list(s.shape), "dtype": s.dtype} for s in specs])
 
 
-def specs_from_str(text: str) -> list[OutputSpec]:
+def specs_from_str(text: str) -> list[TensorSpec]:
     """Inverse of `specs_to_str`."""
-    return [OutputSpec(tuple(d["shape"]), d["dtype"]) for d in json.loads(text)]
+    return [TensorSpec(tuple(d["shape"]), d["dtype"]) for d in json.loads(text)]
 
 
 @dataclass(frozen=True)
 class Header:
     """What built a payload and how to feed it."""
 
-    backend: str  # "onnxruntime" | "tensorrt"
+    backend: str  # the registered backend whose loader runs the body: "onnxruntime", ...
     version: str  # the backend's version at build time
     sha256: str  # of the body
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
-    outputs: tuple[OutputSpec, ...]
+    outputs: tuple[TensorSpec, ...]
     opset: int | None = None  # ONNX opset of the model (the engine's ONNX for TensorRT)
     device: str = "cpu"  # where it was built and verified: "cpu", "cuda"
     gpu: str | None = None  # GPU name, for engines
     compute_capability: str | None = None  # "9.0", for engines
     torch: str = field(default_factory=lambda: str(torch.__version__))
-
-    @classmethod
-    def for_onnx(cls, graph: Any, outputs: Sequence[torch.Tensor], device: str) -> Header:
-        """The header of an ONNX model (an `OnnxGraph`) run by this onnxruntime."""
-        import onnxruntime
-
-        return cls(
-            backend="onnxruntime",
-            version=str(onnxruntime.__version__),
-            sha256=digest(graph.model),
-            input_names=graph.input_names,
-            output_names=graph.output_names,
-            outputs=tuple(OutputSpec.of(t) for t in outputs),
-            opset=graph.opset,
-            device=device,
-        )
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -96,24 +92,25 @@ class Header:
     @classmethod
     def from_json(cls, text: str) -> Header:
         data: dict[str, Any] = json.loads(text)
-        if data.get("backend") not in BACKENDS:
-            raise PayloadError(f"payload for unknown backend {data.get('backend')!r}")
+        if not isinstance(data.get("backend"), str):
+            raise PayloadError(f"payload header names no backend: {text[:80]!r}")
         data["input_names"] = tuple(data["input_names"])
         data["output_names"] = tuple(data["output_names"])
-        data["outputs"] = tuple(OutputSpec(tuple(o["shape"]), o["dtype"]) for o in data["outputs"])
+        data["outputs"] = tuple(TensorSpec(tuple(o["shape"]), o["dtype"]) for o in data["outputs"])
         return cls(**data)
 
     def describe(self) -> str:
         """`tensorrt 10.3.0 on NVIDIA H100` / `onnxruntime 1.22.0 (opset 18)`: for errors."""
         text = f"{self.backend} {self.version}"
-        if self.opset is not None and self.backend == "onnxruntime":
+        if self.opset is not None:
             text += f" (opset {self.opset})"
         if self.gpu:
             text += f" on {self.gpu}"
         return text
 
 
-def digest(body: bytes) -> str:
+def digest(body: bytes | memoryview) -> str:
+    """The SHA-256 of a body, hex: its identity in headers and runner caches."""
     return hashlib.sha256(body).hexdigest()
 
 
@@ -157,3 +154,22 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
             f"payload must be a 1-d uint8 tensor, got {tensor.dtype} {tensor.dim()}-d"
         )
     return memoryview(tensor.detach().cpu().contiguous().numpy())
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """`1.22.0+cu130` -> (1, 22, 0): leading numeric parts, for comparing versions."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def installed_version(package: str) -> str | None:
+    """The version of an importable package, or None when it is not installed."""
+    if importlib.util.find_spec(package) is None:
+        return None
+    module = importlib.import_module(package)
+    return str(getattr(module, "__version__", "unknown"))

@@ -1,9 +1,11 @@
-"""Step 3: split the lowered graph into TensorRT blocks and PyTorch parts, with reasons.
+"""The reasoned capability partitioner: compiled blocks and PyTorch parts, with a reason per op.
 
-torch.fx's `CapabilityBasedPartitioner` groups supported nodes (see `support.py`) into
-maximal acyclic blocks; blocks smaller than `min_block_size` stay in PyTorch unless they
-are the whole graph (no PyTorch <-> TensorRT boundary to pay for then). Each node left to
-PyTorch gets a reason; the result groups them by op for the report.
+torch.fx's `CapabilityBasedPartitioner` groups the nodes a backend supports (a
+`ReasonedSupport` predicate: TensorRT's converter table, the ONNX exporter's op coverage)
+into maximal acyclic blocks; blocks smaller than `min_block_size` stay in PyTorch unless
+they are the whole graph (no boundary to pay for then). Each node left to PyTorch gets a
+reason; the result groups them by op for the report. Used by the TensorRT backend and by
+ONNX Runtime's export of graphs it cannot take whole.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from backends.common.fx_utils import op_name
 from backends.errors import Unsupported
-from backends.tensorrt.aten import op_name
-from backends.tensorrt.partitioning.support import EXCLUDED, check
 
-ENGINE_PREFIX = "_run_on_acc_"
+BLOCK_PREFIX = "_run_on_acc_"  # the fused submodules' names: `_run_on_acc_0`, ...
+EXCLUDED = "excluded by torch_executed_ops"
 
 
 @dataclass(frozen=True)
 class PartitionOptions:
-    """The partitioning options of the backend."""
+    """How to partition: the smallest block worth compiling, ops the user keeps in PyTorch."""
 
     min_block_size: int = 5
     torch_executed_ops: frozenset[str] = frozenset()
@@ -36,11 +38,11 @@ class PartitionOptions:
 
 @dataclass
 class PartitionResult:
-    """Where the ops went: counts, engine submodule names, and why the rest stayed."""
+    """Where the ops went: counts, compiled block submodule names, and why the rest stayed."""
 
     ops_total: int
-    ops_tensorrt: int
-    engines: list[str]
+    ops_compiled: int
+    blocks: list[str]
     fallback: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def add_fallback(self, op: str, reason: str, count: int = 1) -> None:
@@ -48,12 +50,19 @@ class PartitionResult:
         by_reason = self.fallback.setdefault(op, {})
         by_reason[reason] = by_reason.get(reason, 0) + count
 
-    def details(self) -> dict[str, Any]:
-        """JSON-able facts for the report's `chain_details`."""
+    def leave_to_pytorch(self, block: str, histogram: dict[str, int], reason: str) -> None:
+        """Block `block` (with these op counts) runs in PyTorch after all, for `reason`."""
+        for op, count in histogram.items():
+            self.add_fallback(op, reason, count)
+        self.ops_compiled -= sum(histogram.values())
+        self.blocks.remove(block)
+
+    def details(self, backend: str) -> dict[str, Any]:
+        """JSON-able facts for the report's `chain_details` (`ops_<backend>`: compiled ops)."""
         return {
             "ops_total": self.ops_total,
-            "ops_tensorrt": self.ops_tensorrt,
-            "engines": len(self.engines),
+            f"ops_{backend}": self.ops_compiled,
+            "engines": len(self.blocks),
             "fallback": {op: dict(r) for op, r in sorted(self.fallback.items())},
         }
 
@@ -75,11 +84,6 @@ class ReasonedSupport(OperatorSupportBase):
         return reason is None
 
 
-def tensorrt_support(excluded: frozenset[str]) -> ReasonedSupport:
-    """Operator support from the table, minus the ops the user keeps in PyTorch."""
-    return ReasonedSupport(lambda node: EXCLUDED if is_excluded(node, excluded) else check(node))
-
-
 def is_excluded(node: fx.Node, excluded: frozenset[str]) -> bool:
     """Whether the user asked to run this op in PyTorch (`aten.relu` or `aten.relu.default`)."""
     name = op_name(node)
@@ -93,16 +97,10 @@ def is_compute(node: fx.Node) -> bool:
 
 
 def partition(
-    gm: fx.GraphModule, options: PartitionOptions, support: ReasonedSupport | None = None
+    gm: fx.GraphModule, options: PartitionOptions, support: ReasonedSupport
 ) -> tuple[fx.GraphModule, PartitionResult]:
-    """Fuse TensorRT-able blocks of `gm` (in place) into submodules; say why the rest is not.
-
-    `support`: another predicate (default: `tensorrt_support`); export partitions for
-    ONNX Runtime with it.
-    """
+    """Fuse the blocks `support` accepts (in place) into submodules; say why not the rest."""
     compute = [n for n in gm.graph.nodes if is_compute(n)]
-    if support is None:
-        support = tensorrt_support(options.torch_executed_ops)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     kept: list[Partition] = []
     small_reasons: dict[fx.Node, str] = {}
@@ -113,22 +111,22 @@ def partition(
             continue
         reason = f"block too small ({size} < min_block_size={options.min_block_size})"
         small_reasons.update({n: reason for n in part.nodes if is_compute(n)})
-    in_engines = sum(1 for p in kept for n in p.nodes if is_compute(n))
-    result = PartitionResult(ops_total=len(compute), ops_tensorrt=in_engines, engines=[])
+    in_blocks = sum(1 for p in kept for n in p.nodes if is_compute(n))
+    result = PartitionResult(ops_total=len(compute), ops_compiled=in_blocks, blocks=[])
     for node in compute:
         reason = support.reasons.get(node) or small_reasons.get(node)
         if reason is not None:
             result.add_fallback(op_name(node), reason)
     if options.require_full_compilation and result.fallback:
         raise Unsupported(
-            f"require_full_compilation: {result.ops_total - in_engines} op(s) would run in "
+            f"require_full_compilation: {result.ops_total - in_blocks} op(s) would run in "
             f"PyTorch ({summarize(result.fallback)})"
         )
     if kept:
-        gm = partitioner.fuse_partitions(kept, prefix=ENGINE_PREFIX)
-    result.engines = [n.target for n in gm.graph.nodes if is_engine_call(n)]
+        gm = partitioner.fuse_partitions(kept, prefix=BLOCK_PREFIX)
+    result.blocks = [str(n.target) for n in gm.graph.nodes if is_block_call(n)]
     for node in gm.graph.nodes:
-        if is_engine_call(node):
+        if is_block_call(node):
             inline_constants(gm, node)
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
@@ -136,9 +134,9 @@ def partition(
     return gm, result
 
 
-def is_engine_call(node: fx.Node) -> bool:
-    """A call of a fused TensorRT block."""
-    return node.op == "call_module" and str(node.target).startswith(ENGINE_PREFIX)
+def is_block_call(node: fx.Node) -> bool:
+    """A call of a fused block."""
+    return node.op == "call_module" and str(node.target).startswith(BLOCK_PREFIX)
 
 
 def summarize(fallback: dict[str, dict[str, int]], limit: int = 3) -> str:
@@ -151,7 +149,7 @@ def summarize(fallback: dict[str, dict[str, int]], limit: int = 3) -> str:
 def inline_constants(gm: fx.GraphModule, call: fx.Node) -> None:
     """Move the constants a block reads from the parent into the block itself.
 
-    The fuser passes `get_attr` values as block inputs; TensorRT wants weights as constants
+    The fuser passes `get_attr` values as block inputs; compilers want weights as constants
     (ONNX initializers), so each becomes a buffer of the block.
     """
     block: fx.GraphModule = getattr(gm, str(call.target))
@@ -181,6 +179,6 @@ def _fetch(gm: fx.GraphModule, target: str) -> torch.Tensor:
     return obj
 
 
-def engine_calls(gm: fx.GraphModule) -> Iterable[fx.Node]:
-    """The call_module nodes of the TensorRT blocks, in graph order."""
-    return (n for n in gm.graph.nodes if is_engine_call(n))
+def block_calls(gm: fx.GraphModule) -> Iterable[fx.Node]:
+    """The call_module nodes of the fused blocks, in graph order."""
+    return (n for n in gm.graph.nodes if is_block_call(n))

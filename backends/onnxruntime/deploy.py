@@ -1,0 +1,152 @@
+"""ONNX Runtime's export hooks: the ONNX models it verified as payloads, and their loader.
+
+Exporter: when ONNX Runtime won the graph, its whole ONNX model is one part (unless the
+runner froze inputs, derived sizes or inlined scalars, which a payload cannot feed, or the
+user keeps ops in PyTorch); when it declined the graph (an op it has no translation for),
+or won it while `torch_executed_ops` keeps ops in PyTorch, the graph is partitioned into
+ORT parts and PyTorch parts (`partition.py`). Loader: a session on the model behind the
+backend's zero-copy runner, after checking that this onnxruntime can run its opset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from backends.common.onnx_export import OnnxGraph
+from backends.common.partitioner import PartitionOptions, summarize
+from backends.common.parts import (
+    WHOLE,
+    ExportedParts,
+    ExportRequest,
+    Part,
+    Runner,
+    as_single_call,
+    flat_outputs,
+)
+from backends.common.payload import (
+    CPU_EXTRA,
+    GPU_EXTRA,
+    Header,
+    PayloadMismatch,
+    RuntimeMissing,
+    TensorSpec,
+    digest,
+    installed_version,
+    version_tuple,
+)
+from backends.errors import Unsupported
+from backends.onnxruntime.partition import ort_parts
+from backends.onnxruntime.runtime import Compiled, OrtRunner
+from backends.onnxruntime.runtime import OutputSpec as BoundOutput
+from backends.onnxruntime.session import create_session, default_providers, session_options
+
+NAME = "onnxruntime"
+
+
+def onnx_header(graph: OnnxGraph, outputs: Sequence[torch.Tensor], device: str) -> Header:
+    """The header of an exported ONNX model run by this onnxruntime."""
+    import onnxruntime
+
+    return Header(
+        backend=NAME,
+        version=str(onnxruntime.__version__),
+        sha256=digest(graph.model),
+        input_names=graph.input_names,
+        output_names=graph.output_names,
+        outputs=tuple(TensorSpec.of(t) for t in outputs),
+        opset=graph.opset,
+        device=device,
+    )
+
+
+def export_parts(request: ExportRequest) -> ExportedParts | None:
+    """The exporter hook: the whole model when ORT won, ORT parts when it could not."""
+    if request.won and not request.torch_executed_ops:
+        return whole_model(request)
+    if request.won or request.status == "unsupported":
+        return partitioned(request)
+    return None
+
+
+def whole_model(request: ExportRequest) -> ExportedParts | None:
+    """The winning runner's ONNX model as one part; None when it froze or derived inputs."""
+    runner = request.compiled
+    if not isinstance(runner, OrtRunner):
+        return None
+    graph = runner.graph
+    if graph.frozen or graph.derived or graph.scalars:
+        return None
+    gm, flat = request.gm, request.flat_inputs
+    with torch.no_grad():
+        outputs, _ = flat_outputs(gm(*flat))
+    device = next((t.device for t in flat if isinstance(t, torch.Tensor)), None)
+    part = Part(
+        name=WHOLE,
+        header=onnx_header(graph, outputs, device.type if device is not None else "cpu"),
+        body=graph.model,
+        input_positions=graph.input_positions,
+        returns_tuple=True,
+        ops=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+        example_inputs=flat,
+        expected=tuple(outputs),
+    )
+    note = "export: the whole graph as one ONNX Runtime model"
+    return ExportedParts(as_single_call(gm), {WHOLE: part}, note)
+
+
+def partitioned(request: ExportRequest) -> ExportedParts:
+    """ORT parts for what the exporter translates, PyTorch parts (with reasons) for the rest."""
+    options = PartitionOptions(
+        min_block_size=request.min_block_size, torch_executed_ops=request.torch_executed_ops
+    )
+    split, parts, result = ort_parts(
+        request.gm, request.flat_inputs, options, onnx_header, request.verify
+    )
+    note = (
+        f"export: {len(parts)} ONNX Runtime part(s) ({result.ops_compiled} of "
+        f"{result.ops_total} ops); PyTorch kept {summarize(result.fallback) or 'nothing'}"
+    )
+    return ExportedParts(split, parts, note, result.fallback)
+
+
+def check_onnxruntime(header: Header, installed: str | None) -> None:
+    """ORT must be present and not older (major.minor) than the one that verified the model."""
+    if installed is None:
+        raise RuntimeMissing(
+            f"this program has an ONNX model built with {header.describe()}, and onnxruntime "
+            f"is not installed: {CPU_EXTRA} (or {GPU_EXTRA} on GPU machines)"
+        )
+    if version_tuple(installed)[:2] < version_tuple(header.version)[:2]:
+        raise PayloadMismatch(
+            f"ONNX model built and verified with {header.describe()}, this process has "
+            f"onnxruntime {installed}, which may not run its opset: pip install -U onnxruntime "
+            "(or export again with this onnxruntime)"
+        )
+
+
+def load_payload(header: Header, body: bytes, device: torch.device) -> Runner:
+    """The loader hook: an ORT session on `body` behind the backend's zero-copy runner."""
+    check_onnxruntime(header, installed_version("onnxruntime"))
+    graph = OnnxGraph.of_model(body, header.input_names, header.output_names, header.opset or 0)
+    try:
+        session = create_session(body, session_options(), default_providers(device))
+    except Unsupported as error:
+        raise PayloadMismatch(
+            f"onnxruntime {installed_version('onnxruntime')} cannot load the ONNX model built "
+            f"with {header.describe()}: {error.reason}"
+        ) from error
+    runner = OrtRunner(
+        Compiled(graph, session, ()),
+        device=device,
+        outputs=[BoundOutput(o.shape, o.torch_dtype) for o in header.outputs],
+        single_output=False,
+        rebuild=None,
+    )
+
+    def run(inputs: Sequence[Any]) -> list[torch.Tensor]:
+        return list(runner(*[t.contiguous() for t in inputs]))
+
+    return run
