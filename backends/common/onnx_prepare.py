@@ -10,15 +10,14 @@ fused inference fast paths (which have no ONNX translation) are spelled out in p
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
+from backends.common.fast_paths import encoder_layer, native_mha
 from backends.errors import Unsupported
 
 
@@ -186,89 +185,6 @@ def prepare_graph(
     module.recompile()
     frozen_tensors = tuple(sorted(frozen_set - set(scalars)))
     return PreparedGraph(module, kept, frozen_tensors, tuple(sorted(symints)), scalars, decomposed)
-
-
-def _attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    num_heads: int,
-    qkv_weight: torch.Tensor,
-    qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor,
-    proj_bias: torch.Tensor,
-) -> torch.Tensor:
-    """Batch-first multi-head self/cross attention without a mask, in plain ops."""
-    q_w, k_w, v_w = qkv_weight.chunk(3, 0)
-    q_b, k_b, v_b = qkv_bias.chunk(3, 0)
-    batch, length, embed = query.shape
-    head_dim = embed // num_heads
-
-    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, w, b).reshape(batch, -1, num_heads, head_dim).transpose(1, 2)
-
-    q, k, v = heads(query, q_w, q_b), heads(key, k_w, k_b), heads(value, v_w, v_b)
-    scores = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(head_dim), dim=-1)
-    attended = (scores @ v).transpose(1, 2).reshape(batch, length, embed)
-    return F.linear(attended, proj_weight, proj_bias)
-
-
-def native_mha(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    embed_dim: int,
-    num_heads: int,
-    qkv_weight: torch.Tensor,
-    qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor,
-    proj_bias: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    need_weights: bool = True,
-    average_attn_weights: bool = True,
-    mask_type: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch._native_multi_head_attention` (nn.MultiheadAttention's fast path), mask-free."""
-    out = _attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias)
-    return out, query.new_empty(0)
-
-
-def encoder_layer(
-    src: torch.Tensor,
-    embed_dim: int,
-    num_heads: int,
-    qkv_weight: torch.Tensor,
-    qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor,
-    proj_bias: torch.Tensor,
-    use_gelu: bool,
-    norm_first: bool,
-    eps: float,
-    norm_weight_1: torch.Tensor,
-    norm_bias_1: torch.Tensor,
-    norm_weight_2: torch.Tensor,
-    norm_bias_2: torch.Tensor,
-    ffn_weight_1: torch.Tensor,
-    ffn_bias_1: torch.Tensor,
-    ffn_weight_2: torch.Tensor,
-    ffn_bias_2: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    mask_type: int | None = None,
-) -> torch.Tensor:
-    """`torch._transformer_encoder_layer_fwd` (nn.TransformerEncoderLayer's fast path)."""
-
-    def norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (embed_dim,), w, b, eps)
-
-    x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
-    x = _attention(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias) + src
-    if not norm_first:
-        x = norm(x, norm_weight_1, norm_bias_1)
-    h = norm(x, norm_weight_2, norm_bias_2) if norm_first else x
-    h = F.linear(h, ffn_weight_1, ffn_bias_1)
-    h = F.gelu(h) if use_gelu else F.relu(h)
-    x = x + F.linear(h, ffn_weight_2, ffn_bias_2)
-    return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
 
 
 _FAST_PATHS = {

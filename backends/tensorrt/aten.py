@@ -18,9 +18,9 @@ from torch import fx
 
 from backends.errors import Unsupported
 from backends.tensorrt.decompositions import decomposition_table
-from backends.tensorrt.lowering.passes.constant_fold import FREEZE
 
 logger = logging.getLogger(__name__)
+FREEZE = "tensorrt_freeze"  # node.meta key: this input is a weight, to become a constant
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from backends.tensorrt.aten import FREEZE
 from backends.tensorrt.lowering.passes import (
     constant_fold,
     eliminate_dead_code,
@@ -16,7 +17,6 @@ from backends.tensorrt.lowering.passes import (
     repair_input_as_output,
     view_to_reshape,
 )
-from backends.tensorrt.lowering.passes.constant_fold import FREEZE
 from tests.trt.helpers import aten, aten_graph, targets
 
 

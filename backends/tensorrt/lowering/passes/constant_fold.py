@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.tensorrt.aten import FREEZE
 from backends.tensorrt.lowering.registry import finish, replace_node
 
-FREEZE = "tensorrt_freeze"
 # Folding these would materialise large tensors from small ones, or change randomness.
 _NO_FOLD = {"expand", "repeat", "full", "zeros", "ones", "empty", "arange", "new_full"}
 _MAX_GROWTH = 4
