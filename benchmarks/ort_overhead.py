@@ -49,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends import lookup_backend
 from backends.common.onnx_export import quiet
-from backends.onnxruntime.session import default_providers, session_options
+from backends.common.ort_session import session_options
+from backends.onnxruntime.session import default_providers
 from benchmarks.models import SUITE
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]

@@ -8,7 +8,8 @@ frozen inputs as `chain_details`. See `runtime` for what happens when frozen wei
 Options: `providers` (default: TensorRT EP and CUDA EP for CUDA inputs when installed, then
 CPU), `graph_optimization_level` (disable|basic|extended|all, default all),
 `intra_op_num_threads` (default: ORT's), `allow_spinning` (default False: see
-`session.session_options`), `on_weight_change` (reexport|raise, default reexport).
+`common.ort_session.session_options`), `on_weight_change` (reexport|raise, default
+reexport).
 Inputs the graph writes in place come back as extra ONNX outputs and are copied into the
 caller's tensors. Refused with `Unsupported`: autograd graphs (inputs that require grad
 under grad mode), non-tensor inputs/outputs, inputs on several devices, ops the exporter
@@ -24,6 +25,7 @@ import torch
 from torch import fx
 
 from backends.common.onnx_export import OnnxGraph, export_onnx
+from backends.common.ort_session import LEVELS, session_options
 from backends.errors import Unsupported
 from backends.onnxruntime.deploy import export_parts, load_payload
 from backends.onnxruntime.runtime import (
@@ -34,13 +36,11 @@ from backends.onnxruntime.runtime import (
     snapshot_frozen,
 )
 from backends.onnxruntime.session import (
-    LEVELS,
     Provider,
     available,
     create_session,
     default_providers,
     provider_names,
-    session_options,
     user_stream,
 )
 from backends.options import BadValue, Check, boolean, integer, one_of, optional

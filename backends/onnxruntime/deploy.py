@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from backends.common.onnx_export import OnnxGraph
+from backends.common.ort_session import session_options
 from backends.common.partitioner import PartitionOptions, summarize
 from backends.common.parts import (
     WHOLE,
@@ -41,7 +42,7 @@ from backends.errors import Unsupported
 from backends.onnxruntime.partition import ort_parts
 from backends.onnxruntime.runtime import Compiled, OrtRunner
 from backends.onnxruntime.runtime import OutputSpec as BoundOutput
-from backends.onnxruntime.session import create_session, default_providers, session_options
+from backends.onnxruntime.session import create_session, default_providers
 
 NAME = "onnxruntime"
 

@@ -25,6 +25,7 @@ from torch import fx
 
 from backends.common.cudagraph_preconditions import check_preconditions
 from backends.common.onnx_export import OnnxGraph, export_onnx
+from backends.common.ort_session import element_type, session_options
 from backends.cudagraphs import cudagraphs_available
 from backends.errors import Unsupported
 from backends.onnxruntime import (
@@ -40,7 +41,6 @@ from backends.onnxruntime.session import (
     create_session,
     default_providers,
     provider_names,
-    session_options,
     user_stream,
 )
 from backends.registry import registry
@@ -63,26 +63,6 @@ def graphed_providers(providers: Sequence[Provider]) -> list[Provider]:
             f"no execution provider that captures CUDA graphs among {provider_names(providers)}"
         )
     return out
-
-
-def element_type(dtype: torch.dtype) -> int:
-    """The ONNX element type IOBinding takes for a torch dtype (bfloat16 included)."""
-    from onnx import TensorProto
-
-    table = {
-        torch.float32: TensorProto.FLOAT,
-        torch.float16: TensorProto.FLOAT16,
-        torch.bfloat16: TensorProto.BFLOAT16,
-        torch.float64: TensorProto.DOUBLE,
-        torch.int64: TensorProto.INT64,
-        torch.int32: TensorProto.INT32,
-        torch.int8: TensorProto.INT8,
-        torch.uint8: TensorProto.UINT8,
-        torch.bool: TensorProto.BOOL,
-    }
-    if dtype not in table:
-        raise Unsupported(f"{dtype} has no ONNX element type for IOBinding")
-    return table[dtype]
 
 
 class GraphedOrtRunner:

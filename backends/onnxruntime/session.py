@@ -16,13 +16,6 @@ from backends.errors import Unsupported
 Provider = str | tuple[str, dict[str, Any]]
 log = logging.getLogger(__name__)
 
-LEVELS = {
-    "disable": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
-}
-
 
 def available() -> str | None:
     """None when onnxruntime imports, else how to install it."""
@@ -84,39 +77,6 @@ def tensorrt_ep_loads() -> str | None:
         log.info("not using ONNX Runtime's TensorRT EP: %s", error)
         return f"TensorRT EP cannot load: {error}"
     return None
-
-
-def session_options(
-    graph_optimization_level: str = "all",
-    intra_op_num_threads: int | None = None,
-    allow_spinning: bool = False,
-) -> Any:
-    """ORT SessionOptions from our option names (level: disable|basic|extended|all).
-
-    Spinning is off by default: every graph gets its own session and thread pool, and
-    idle pools that spin steal the cores from torch's threads and from each other (on
-    2 cores, eager ResNet went from 12 ms to 670 ms between spinning ORT calls; the
-    direct ConvNeXt ran 12.8 ms without spinning, 28.2 ms with it, 44.6 ms with ORT's
-    defaults: `benchmarks/ort_overhead.py --sweep`). Threads default to ORT's (one per
-    physical core): 1 thread was slower than 2 on 2 cores, even with the other core busy.
-    """
-    import onnxruntime as ort
-
-    if graph_optimization_level not in LEVELS:
-        raise ValueError(
-            f"graph_optimization_level {graph_optimization_level!r}; valid: {', '.join(LEVELS)}"
-        )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(
-        ort.GraphOptimizationLevel, LEVELS[graph_optimization_level]
-    )
-    if intra_op_num_threads is not None:
-        options.intra_op_num_threads = int(intra_op_num_threads)
-    options.add_session_config_entry(
-        "session.intra_op.allow_spinning", "1" if allow_spinning else "0"
-    )
-    options.log_severity_level = 3  # errors only: keep the chain's report readable
-    return options
 
 
 def create_session(model: bytes, options: Any, providers: Sequence[Provider]) -> Any:

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from backends.common.onnx_export import quiet
-from backends.onnxruntime.session import available as ort_available
-from backends.onnxruntime.session import session_options
+from backends.common.ort_session import element_type, session_options
+from backends.registry import lookup_backend
 from chain.bench.harness import Candidate, Compiled
 
 REDUCE_OVERHEAD = "inductor[reduce-overhead]"
@@ -32,12 +32,6 @@ def reduce_overhead() -> Candidate:
         "peer",
         lambda model: Compiled(torch.compile(model, mode="reduce-overhead")),
     )
-
-
-def _element_type(dtype: torch.dtype) -> int:
-    from backends.onnxruntime.graphs import element_type
-
-    return element_type(dtype)
 
 
 class DirectSession:
@@ -89,7 +83,7 @@ class DirectSession:
         keep = [x.contiguous() for x in inputs]
         for name, x in zip(self.names, keep, strict=True):
             binding.bind_input(
-                name, "cuda", index, _element_type(x.dtype), tuple(x.shape), x.data_ptr()
+                name, "cuda", index, element_type(x.dtype), tuple(x.shape), x.data_ptr()
             )
         for name in self.outputs:
             binding.bind_output(name, "cuda", index)
@@ -99,7 +93,7 @@ class DirectSession:
 
 def onnxruntime_direct(threads: int | None) -> Candidate:
     """ONNX Runtime on the directly exported whole model (built at the first call)."""
-    if reason := ort_available():
+    if reason := lookup_backend("onnxruntime").available():
         return Candidate(ORT_DIRECT, "peer", None, "unavailable", reason)
     make: Callable[[nn.Module], Compiled] = lambda model: Compiled(DirectSession(model, threads))  # noqa: E731
     return Candidate(ORT_DIRECT, "peer", make)
