@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import os
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from backends.common.files import atomic_write
 from chain.records import FAILURES, GraphRecord, Status
 
 log = logging.getLogger("chain")
@@ -74,20 +74,7 @@ class Report:
         if not target.parent.is_dir():
             target.parent.mkdir(parents=True, exist_ok=True)
             log.warning("Report.save: created the missing directory %s", target.parent)
-        text = json.dumps(self.to_dict(), indent=2, default=str)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            # os.open applies the umask to 0o666 (tempfile.mkstemp would force 0600)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return target
+        return atomic_write(target, json.dumps(self.to_dict(), indent=2, default=str))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:

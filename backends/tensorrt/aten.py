@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import op_name as op_name  # the partitioner imports it here
+from backends.common.fx_utils import weight_inputs
 from backends.errors import Unsupported
 from backends.tensorrt.decompositions import decomposition_table
 from backends.tensorrt.lowering.passes.constant_fold import FREEZE
@@ -31,19 +33,6 @@ class AtenGraph:
     frozen_inputs: tuple[int, ...]
 
 
-def weight_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[int, ...]:
-    """Positions of inputs that are module parameters or buffers (dynamo lifts them)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    indices = []
-    for i, (node, value) in enumerate(zip(placeholders, example_inputs, strict=False)):
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        name = getattr(source, "name", "")
-        name = f"{name() if callable(name) else name} {node.name}"
-        if isinstance(value, torch.nn.Parameter) or "_parameters" in name or "_buffers" in name:
-            indices.append(i)
-    return tuple(indices)
-
-
 def to_aten(
     gm: fx.GraphModule, example_inputs: Sequence[Any], freeze: Sequence[int] | None = None
 ) -> AtenGraph:
@@ -54,7 +43,7 @@ def to_aten(
             f"dynamic shapes: input(s) {not_tensors} are symbolic sizes, not tensors; "
             "compile with static shapes (the engine cache makes new sizes cheap)"
         )
-    frozen = tuple(weight_input_indices(gm, example_inputs) if freeze is None else freeze)
+    frozen = tuple(weight_inputs(gm, example_inputs) if freeze is None else freeze)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     try:
@@ -90,11 +79,3 @@ def op_histogram(gm: fx.GraphModule) -> dict[str, int]:
         if node.op == "call_function" and node.target is not __import__("operator").getitem:
             counts[op_name(node)] = counts.get(op_name(node), 0) + 1
     return counts
-
-
-def op_name(node: fx.Node) -> str:
-    """`aten.relu.default` style name of a call_function node."""
-    target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return str(target)
-    return getattr(target, "__name__", str(target))

@@ -10,7 +10,6 @@ import csv
 import io
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,13 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from backends.common.files import atomic_path, atomic_write
 from chain.bench.harness import Result
 
 FIELDS = (
     "model", "candidate", "kind", "status", "median_ms", "iqr_ms", "speedup", "compile_s",
     "max_abs_err", "graphs", "winners", "samples", "reason", "lost",
 )  # fmt: skip
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _cell(value: Any) -> Any:
@@ -279,10 +272,11 @@ def write_png(path: Path, meta: dict[str, Any], rows: Sequence[Result]) -> str |
     import matplotlib.pyplot as plt
 
     fig = draw(meta, rows)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
     return None
 
 
@@ -298,7 +292,7 @@ def write_all(
     }
     paths = []
     for name, render in writers.items():
-        write_atomic(out / name, render())
+        atomic_write(out / name, render())
         paths.append(out / name)
     skipped = write_png(out / "speedups.png", meta, rows)
     if skipped is None:
