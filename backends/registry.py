@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,6 +187,23 @@ class BackendRegistry:
             yield self
         finally:
             self._backends = saved
+
+
+def import_submodules(package_name: str) -> list[str]:
+    """Import every module and subpackage of `package`, in name order: the folder is the list.
+
+    As dynamo's `import_submodule` does for `torch._dynamo.backends`: each backend module
+    registers itself when imported, so adding a backend is adding a file (or a folder whose
+    `__init__` imports its variants). Names starting with `_` are skipped. A module must be
+    cheap to import: heavy libraries (onnxruntime, tensorrt) load inside `available()` or
+    the compiler, never at import time. Returns the names imported.
+    """
+    package = importlib.import_module(package_name)
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__))
+    names = [n for n in names if not n.startswith("_")]
+    for name in names:
+        importlib.import_module(f"{package_name}.{name}")
+    return names
 
 
 registry = BackendRegistry()

@@ -172,3 +172,5 @@ __all__ = [
     "export_onnx",
     "onnxruntime_backend",
 ]
+
+from backends.onnxruntime import graphs as _graphs  # noqa: E402, F401  (its CUDA graphs variant)
