@@ -17,6 +17,7 @@ the winning callable and the report never holds.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib
@@ -182,11 +183,22 @@ class BackendRegistry:
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[BackendRegistry]:
         """Within the block, registrations are temporary: the registry is restored after."""
-        saved = dict(self._backends)
-        try:
+        with restored(self, "_backends"):
             yield self
-        finally:
-            self._backends = saved
+
+
+@contextlib.contextmanager
+def restored(owner: object, attribute: str) -> Iterator[None]:
+    """Within the block `owner.attribute` (a dict or list) is a copy; the original returns after.
+
+    The registries' `snapshot()`: tests register freely and leave nothing behind.
+    """
+    original = getattr(owner, attribute)
+    setattr(owner, attribute, copy.copy(original))
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
 
 
 def import_submodules(package_name: str) -> list[str]:

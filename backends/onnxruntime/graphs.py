@@ -23,9 +23,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.cudagraph_preconditions import check_preconditions
 from backends.common.onnx_export import OnnxGraph, export_onnx
-from backends.cudagraphs import cudagraphs_available
+from backends.cudagraphs import refuse_unless_graphable
 from backends.errors import Unsupported
 from backends.onnxruntime import (
     _device_of,
@@ -66,23 +65,13 @@ def graphed_providers(providers: Sequence[Provider]) -> list[Provider]:
 
 
 def element_type(dtype: torch.dtype) -> int:
-    """The ONNX element type IOBinding takes for a torch dtype (bfloat16 included)."""
-    from onnx import TensorProto
+    """The ONNX element type IOBinding takes for a torch dtype (onnx_ir's own mapping)."""
+    from onnx_ir.tensor_adapters import from_torch_dtype
 
-    table = {
-        torch.float32: TensorProto.FLOAT,
-        torch.float16: TensorProto.FLOAT16,
-        torch.bfloat16: TensorProto.BFLOAT16,
-        torch.float64: TensorProto.DOUBLE,
-        torch.int64: TensorProto.INT64,
-        torch.int32: TensorProto.INT32,
-        torch.int8: TensorProto.INT8,
-        torch.uint8: TensorProto.UINT8,
-        torch.bool: TensorProto.BOOL,
-    }
-    if dtype not in table:
-        raise Unsupported(f"{dtype} has no ONNX element type for IOBinding")
-    return table[dtype]
+    try:
+        return int(from_torch_dtype(dtype))
+    except TypeError as error:
+        raise Unsupported(f"{dtype} has no ONNX element type for IOBinding") from error
 
 
 class GraphedOrtRunner:
@@ -165,17 +154,15 @@ def onnxruntime_graphed(
     example_inputs: list[Any],
     *,
     providers: Sequence[Provider] | None = None,
-    graph_optimization_level: str = "all",
-    intra_op_num_threads: int | None = None,
-    allow_spinning: bool = False,
     on_weight_change: str = "reexport",
+    **session: Any,
 ) -> GraphedOrtRunner:
-    """The ONNX Runtime backend's export, run as a CUDA graph ORT captures itself."""
+    """The ONNX Runtime backend's export, run as a CUDA graph ORT captures itself.
+
+    Its options are the backend's (checked there); `session` holds those of the session.
+    """
     del on_weight_change  # a captured graph cannot re-export: a changed weight always raises
-    if reason := cudagraphs_available():
-        raise Unsupported(f"CUDA graphs: {reason}")
-    if reason := check_preconditions(gm, example_inputs):
-        raise Unsupported(reason)
+    refuse_unless_graphable(gm, example_inputs)
     check_inference(example_inputs)
     device = _device_of(example_inputs)
     outputs, single = _output_nodes(gm)
@@ -183,7 +170,7 @@ def onnxruntime_graphed(
     chosen = graphed_providers(
         list(providers) if providers is not None else default_providers(device)
     )
-    options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+    options = session_options(**session)
     graph = export_onnx(gm, example_inputs)
     session = create_graphed_session(graph.model, options, chosen)
     runner = GraphedOrtRunner(
