@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backends import lookup_backend
 from backends.common.onnx_export import quiet
 from backends.onnxruntime.session import default_providers, session_options
-from benchmarks.models import SUITE
+from chain.bench.models import SUITE
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
 
