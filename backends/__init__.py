@@ -1,24 +1,23 @@
-"""Backends for the chain, one module each; importing this package registers them all."""
+"""Backends for the chain: each module or subpackage here registers itself when imported.
 
-from backends import (  # noqa: F401  (registration side effects)
-    cudagraphs,
-    eager,
-    inductor,
-    inductor_graphed,
-    onnxruntime,
-    tensorrt,
-)
+The folder is the registry's list (`registry.import_submodules`, as dynamo's own
+`torch._dynamo.backends` does): importing this package imports every submodule, in name
+order, and a new backend is a new file or folder, with no list to edit.
+"""
+
 from backends.errors import InvalidBackend, InvalidOption, Transient, Unsupported
-from backends.onnxruntime import graphs as _onnxruntime_graphs  # noqa: F401  (its variant)
 from backends.registry import (
     Backend,
     BackendRegistry,
     CompiledFn,
     CompilerFn,
+    import_submodules,
     lookup_backend,
     register_backend,
     registry,
 )
+
+import_submodules(__name__)
 
 __all__ = [
     "Backend",

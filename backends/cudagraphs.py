@@ -198,28 +198,49 @@ def probe(compiled: Callable[..., Any], example_inputs: list[Any]) -> tuple[Any,
     return outputs, watch
 
 
-def compile_with_torch(
-    gm: fx.GraphModule, example_inputs: list[Any]
-) -> tuple[Callable[..., Any], Any, SkipWatch]:
-    """Torch's cudagraphs pipeline, with its silent skips turned into `Unsupported`.
+def refuse_unless_graphable(gm: fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Unsupported unless CUDA graphs run here and the graph meets their preconditions.
 
-    Returns the compiled function, the outputs of the last probe call, and what torch's
-    counters said during the probe calls.
+    For the variants (`<backend>+graphs`), whose availability is their backend's.
+    """
+    if reason := cudagraphs_available():
+        raise Unsupported(f"CUDA graphs: {reason}")
+    if reason := check_preconditions(gm, example_inputs):
+        raise Unsupported(reason)
+
+
+def capture(
+    build: Callable[[], Callable[..., Any]], gm: fx.GraphModule, example_inputs: list[Any]
+) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """Build a CUDA graph replaying function, probe it until it replays, clone its outputs.
+
+    Torch's silent skips while building or probing become `Unsupported` with torch's
+    reason. Returns the runner (outputs that live in replay buffers cloned) and the
+    facts for the report.
     """
     with watch_cudagraph_skips() as watch:
-        compiled = torch_cudagraphs(gm, example_inputs)
+        compiled = build()
     if watch.skips:
         raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
     outputs, watch = probe(compiled, example_inputs)
-    return compiled, outputs, watch
-
-
-def safe_outputs(
-    compiled: Callable[..., Any], outputs: Any, example_inputs: list[Any]
-) -> tuple[Callable[..., Any], int, int]:
-    """`compiled` with the outputs that live in replay buffers cloned; counts of each kind."""
     mask = clone_mask(outputs, example_inputs)
-    return clone_outputs(compiled, mask), sum(mask), len(mask) - sum(mask)
+    del outputs  # the tree's buffers must be dead for it to replay from its root
+    details = {
+        "cuda_graphs": True,
+        "cloned_outputs": sum(mask),
+        "input_alias_outputs": len(mask) - sum(mask),
+        "probe_calls": PROBE_CALLS,
+        "static_inputs": len(static_input_positions(gm, example_inputs)),
+        "inputs_copied_per_replay": watch.copied_inputs,
+    }
+    return clone_outputs(compiled, mask), details
+
+
+def compile_with_torch(
+    gm: fx.GraphModule, example_inputs: list[Any]
+) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """Torch's cudagraphs pipeline, captured (`capture`): the runner and its report facts."""
+    return capture(lambda: torch_cudagraphs(gm, example_inputs), gm, example_inputs)
 
 
 @register_backend("cudagraphs", available=cudagraphs_available)
@@ -227,15 +248,6 @@ def cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
     """Replay the graph as a CUDA graph (torch's cudagraph trees); outputs are cloned."""
     if reason := check_preconditions(gm, example_inputs):
         raise Unsupported(reason)
-    compiled, outputs, watch = compile_with_torch(gm, example_inputs)
-    run, cloned, aliased = safe_outputs(compiled, outputs, example_inputs)
-    del outputs  # the tree's buffers must be dead for it to replay from its root
-    run.chain_details = {  # type: ignore[attr-defined]
-        "cuda_graphs": True,
-        "cloned_outputs": cloned,
-        "input_alias_outputs": aliased,
-        "probe_calls": PROBE_CALLS,
-        "static_inputs": len(static_input_positions(gm, example_inputs)),
-        "inputs_copied_per_replay": watch.copied_inputs,
-    }
+    run, details = compile_with_torch(gm, example_inputs)
+    run.chain_details = details  # type: ignore[attr-defined]
     return run

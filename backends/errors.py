@@ -26,3 +26,17 @@ class InvalidBackend(ValueError):
 
 class InvalidOption(ValueError):
     """An option a backend does not accept; the message lists the ones it does."""
+
+
+def one_line(error: BaseException, limit: int = 240, message: str | None = None) -> str:
+    """`Type: first line of the message`, trimmed to `limit`: what a report row can hold.
+
+    `message`: the line to show instead of the message's first one (a caller's cleaned-up
+    text); it is not prefixed again when it already starts with `Type:`.
+    """
+    if message is None:
+        text = str(error).strip().splitlines()
+        message = text[0] if text else ""
+    kind = type(error).__name__
+    line = message if message.startswith(f"{kind}:") else f"{kind}: {message}" if message else kind
+    return line if len(line) <= limit else line[: limit - 3] + "..."

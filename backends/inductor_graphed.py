@@ -16,16 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.cudagraph_preconditions import check_preconditions
-from backends.common.cudagraph_static import static_input_positions
-from backends.cudagraphs import (
-    PROBE_CALLS,
-    cudagraphs_available,
-    probe,
-    safe_outputs,
-    watch_cudagraph_skips,
-)
-from backends.errors import Unsupported
+from backends.cudagraphs import capture, refuse_unless_graphable
 from backends.inductor import config_patches
 from backends.registry import registry
 
@@ -36,26 +27,12 @@ def compile_graphed(
     """compile_fx with `patches` and CUDA graphs on; outputs cloned; skips become reasons."""
     from torch._inductor.compile_fx import compile_fx
 
-    if reason := cudagraphs_available():
-        raise Unsupported(f"CUDA graphs: {reason}")
-    if reason := check_preconditions(gm, example_inputs):
-        raise Unsupported(reason)
+    refuse_unless_graphable(gm, example_inputs)
     patches = {**patches, "triton.cudagraphs": True}
-    with watch_cudagraph_skips() as watch:
-        compiled = compile_fx(gm, example_inputs, config_patches=patches)
-    if watch.skips:
-        raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
-    outputs, watch = probe(compiled, example_inputs)
-    run, cloned, aliased = safe_outputs(compiled, outputs, example_inputs)
-    del outputs  # the tree's buffers must be dead for it to replay from its root
-    run.chain_details = {  # type: ignore[attr-defined]
-        "cuda_graphs": True,
-        "cloned_outputs": cloned,
-        "input_alias_outputs": aliased,
-        "probe_calls": PROBE_CALLS,
-        "static_inputs": len(static_input_positions(gm, example_inputs)),
-        "inputs_copied_per_replay": watch.copied_inputs,
-    }
+    run, details = capture(
+        lambda: compile_fx(gm, example_inputs, config_patches=patches), gm, example_inputs
+    )
+    run.chain_details = details  # type: ignore[attr-defined]
     return run
 
 

@@ -21,8 +21,11 @@ device) -> runner` runs a payload it built, in any process that imports `backend
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -211,11 +214,39 @@ class BackendRegistry:
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[BackendRegistry]:
         """Within the block, registrations are temporary: the registry is restored after."""
-        saved = dict(self._backends)
-        try:
+        with restored(self, "_backends"):
             yield self
-        finally:
-            self._backends = saved
+
+
+@contextlib.contextmanager
+def restored(owner: object, attribute: str) -> Iterator[None]:
+    """Within the block `owner.attribute` (a dict or list) is a copy; the original returns after.
+
+    The registries' `snapshot()`: tests register freely and leave nothing behind.
+    """
+    original = getattr(owner, attribute)
+    setattr(owner, attribute, copy.copy(original))
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
+
+
+def import_submodules(package_name: str) -> list[str]:
+    """Import every module and subpackage of `package`, in name order: the folder is the list.
+
+    As dynamo's `import_submodule` does for `torch._dynamo.backends`: each backend module
+    registers itself when imported, so adding a backend is adding a file (or a folder whose
+    `__init__` imports its variants). Names starting with `_` are skipped. A module must be
+    cheap to import: heavy libraries (onnxruntime, tensorrt) load inside `available()` or
+    the compiler, never at import time. Returns the names imported.
+    """
+    package = importlib.import_module(package_name)
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__))
+    names = [n for n in names if not n.startswith("_")]
+    for name in names:
+        importlib.import_module(f"{package_name}.{name}")
+    return names
 
 
 registry = BackendRegistry()

@@ -20,8 +20,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import torch
 
-from benchmarks.models import SUITE
 from chain import chain
+from chain.bench.models import SUITE
 from tests import faults
 from tests.models import build, build_extra
 

@@ -51,7 +51,7 @@ from backends import lookup_backend
 from backends.common.onnx_export import quiet
 from backends.common.ort_session import session_options
 from backends.onnxruntime.session import default_providers
-from benchmarks.models import SUITE
+from chain.bench.models import SUITE
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
 

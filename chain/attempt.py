@@ -14,7 +14,7 @@ import torch
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 from torch import fx
 
-from backends.errors import Transient, Unsupported
+from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
 from chain.records import Attempt, Status
 from chain.verify import Verdict, compare
@@ -26,14 +26,6 @@ class CompileTimeout(Exception):
 
 class Mismatch(Exception):
     """Raised under strict=True when a candidate's outputs differ from eager's."""
-
-
-def one_line(exc: BaseException, limit: int = 240) -> str:
-    """`Type: first line of the message`, trimmed: what a report row can hold."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -28,6 +28,8 @@ def _report(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     elif args.format == "markdown":
         print(report.to_markdown(args.failures), end="")
+    elif args.format == "csv":
+        print(report.to_csv(args.failures), end="")
     else:
         Console(width=max(120, Console().width)).print(report.table(args.failures))
     return 0
@@ -51,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="print a saved report (JSON written by Report.save)")
     rep.add_argument("file")
-    rep.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    rep.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table")
     rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
     sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")

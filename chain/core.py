@@ -175,9 +175,7 @@ class Chain:
         record = self._finish(record, attempts, eager)
         if record.winner is None:
             raise AllCandidatesFailed(record) from exc
-        guard.fn = fns[record.winner]
-        guard.backend_index = self._index(record.winner)
-        guard.chain_details["winner"] = record.winner
+        guard.switch(fns[record.winner], self._index(record.winner), record.winner)
 
     def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
         """Eager's outputs and the float64 ones to verify against, and notes on what limits

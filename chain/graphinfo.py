@@ -14,72 +14,11 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.node import _get_qualified_name
 from torch.fx.operator_schemas import normalize_function
 
-# Ops whose outputs are random: graphs holding active ones cannot be compared with eager.
-_RANDOM_NAMES = frozenset(
-    {
-        "rand",
-        "randn",
-        "randint",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "randperm",
-        "bernoulli",
-        "bernoulli_",
-        "multinomial",
-        "normal",
-        "normal_",
-        "uniform_",
-        "exponential_",
-        "geometric_",
-        "cauchy_",
-        "log_normal_",
-        "random_",
-        "poisson",
-    }
-)
-# Random only when switched on: the identity (rrelu: a fixed slope) unless training with p > 0.
-_GATED_NAMES = frozenset(
-    {
-        "dropout",
-        "dropout_",
-        "dropout1d",
-        "dropout2d",
-        "dropout3d",
-        "feature_dropout",
-        "feature_dropout_",
-        "alpha_dropout",
-        "alpha_dropout_",
-        "feature_alpha_dropout",
-        "feature_alpha_dropout_",
-        "native_dropout",
-        "rrelu",
-        "rrelu_",
-    }
-)
+from backends.common.fx_utils import GATED_RANDOM_OPS, RANDOM_OPS, bare_op_name, op_name
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-
-
-def op_name(node: fx.Node) -> str:
-    """A stable, readable name for what a node calls (no memory addresses)."""
-    if node.op == "call_function":
-        target = node.target
-        if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-            return str(target)
-        try:
-            return _get_qualified_name(target)  # type: ignore[arg-type]
-        except (AttributeError, RuntimeError, TypeError):
-            return getattr(target, "__name__", repr(target))
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    if node.op == "call_module":
-        owner = node.graph.owning_module
-        module = owner.get_submodule(str(node.target)) if owner is not None else None
-        return type(module).__name__ if module is not None else str(node.target)
-    return node.op
 
 
 def op_histogram(gm: fx.GraphModule) -> dict[str, int]:
@@ -90,10 +29,6 @@ def op_histogram(gm: fx.GraphModule) -> dict[str, int]:
         if n.op in ("call_function", "call_method", "call_module")
     )
     return dict(ops.most_common())
-
-
-def _short(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
 
 
 def _gate(node: fx.Node) -> dict[str, Any] | None:
@@ -151,11 +86,10 @@ def random_nodes(gm: fx.GraphModule) -> list[RandomNode]:
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        name = op_name(node)
-        base = _short(name.replace(".default", "").replace(".Tensor", ""))
-        if base in _RANDOM_NAMES:
+        name, base = op_name(node), bare_op_name(node)
+        if base in RANDOM_OPS:
             found.append(RandomNode(node.name, name))
-        elif base in _GATED_NAMES:
+        elif base in GATED_RANDOM_OPS:
             why = "method call" if node.op == "call_method" else _active(node)
             if why is not None:
                 found.append(RandomNode(node.name, name, why))

@@ -8,9 +8,15 @@ from typing import Any
 
 
 class Status(str, Enum):
-    """What happened to one backend on one graph; one vocabulary for report, CLI and tests."""
+    """What happened to one backend on one graph; one vocabulary for report, CLI and tests.
 
-    WON = "won"
+    In a finished record, exactly one attempt (the winner) is WON. While the chain works on
+    a graph, WON also marks a candidate that passed verification and is still in the running:
+    the speed rules (eager floor, min_speedup, `fastest`) turn the losers into SLOWER before
+    the record is stored, so no report shows more than one.
+    """
+
+    WON = "won"  # the winner; during selection: passed, not yet beaten
     UNAVAILABLE = "unavailable"  # cannot run on this machine (package, device)
     UNSUPPORTED = "unsupported"  # the backend declined this graph, with a reason
     COMPILE_ERROR = "compile_error"  # it raised (or timed out) while compiling

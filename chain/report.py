@@ -1,4 +1,4 @@
-"""The report: every graph's record, a summary, and its forms (JSON file, table, markdown)."""
+"""The report: every graph's record, a summary, and its forms (JSON file, table, markdown, CSV)."""
 
 from __future__ import annotations
 
@@ -6,32 +6,52 @@ import io
 import json
 import logging
 import os
-import uuid
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
 
-from chain.records import FAILURES, GraphRecord, Status
+from backends.common.files import atomic_write
+from chain.columns import Column, cells, markdown, rich_table, texts, to_csv
+from chain.records import FAILURES, Attempt, GraphRecord, Status
 
 log = logging.getLogger("chain")
 
 VERSION = 2  # 2: per attempt error, eager_error, error_ratio, spread_ms; eager_spread_ms
 READABLE = (1, 2)  # version 1 files load with those fields empty
-_NUMERIC = frozenset({"compile s", "latency ms", "speedup", "max err", "err/eager"})
 
 
 class ReportError(ValueError):
     """A report file that cannot be read: missing, not JSON, or not shaped like a report."""
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+ATTEMPT_COLUMNS: tuple[Column[tuple[GraphRecord, Attempt]], ...] = (
+    Column("graph", lambda ga: ga[0].id),
+    Column("backend", lambda ga: ga[1].backend),
+    Column("status", lambda ga: ga[1].status.value),
+    Column("compile s", lambda ga: ga[1].compile_s, ".2f", numeric=True),
+    Column("latency ms", lambda ga: ga[1].latency_ms, ".3f", numeric=True),
+    Column("speedup", lambda ga: ga[1].speedup, ".2f", numeric=True),
+    Column("max err", lambda ga: ga[1].max_abs_err, ".1e", numeric=True),
+    Column("err/eager", lambda ga: ga[1].error_ratio, ".2f", numeric=True),
+    Column("reason", lambda ga: ga[1].reason, wrap=True, stretch=True),
+)
+GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
+    Column("graph", lambda g: g.id),
+    Column("origin", lambda g: g.origin, wrap=True),
+    Column("nodes", lambda g: g.num_nodes),
+    Column("eager ms", lambda g: g.eager_ms, ".3f"),
+    Column("winner", lambda g: g.winner, wrap=True),
+    Column("notes", lambda g: g.notes, lambda notes: "; ".join(notes), wrap=True),
+)
+_STYLES = {
+    Status.WON: "bold green",
+    Status.SLOWER: "yellow",
+    Status.NOT_TRIED: "dim",
+    Status.UNAVAILABLE: "dim",
+}
 
 
 @dataclass(frozen=True)
@@ -74,20 +94,7 @@ class Report:
         if not target.parent.is_dir():
             target.parent.mkdir(parents=True, exist_ok=True)
             log.warning("Report.save: created the missing directory %s", target.parent)
-        text = json.dumps(self.to_dict(), indent=2, default=str)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            # os.open applies the umask to 0o666 (tempfile.mkstemp would force 0600)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return target
+        return atomic_write(target, json.dumps(self.to_dict(), indent=2, default=str))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
@@ -120,54 +127,25 @@ class Report:
 
     # -- views --------------------------------------------------------------------------
 
+    HEADERS = tuple(c.name for c in ATTEMPT_COLUMNS)
+    GRAPH_HEADERS = tuple(c.name for c in GRAPH_COLUMNS)
+
+    def attempts(self, failures_only: bool = False) -> list[tuple[GraphRecord, Attempt]]:
+        """(graph, attempt) for every attempt, or only the failed ones: one row each."""
+        return [
+            (g, a)
+            for g in self.graphs
+            for a in g.attempts
+            if not failures_only or a.status in FAILURES
+        ]
+
     def rows(self, failures_only: bool = False) -> list[list[str]]:
         """One row per attempt: graph, backend, status, the figures and the reason."""
-        out = []
-        for g in self.graphs:
-            for a in g.attempts:
-                if failures_only and a.status not in FAILURES:
-                    continue
-                out.append(
-                    [
-                        str(g.id),
-                        a.backend,
-                        a.status.value,
-                        _fmt(a.compile_s, ".2f"),
-                        _fmt(a.latency_ms, ".3f"),
-                        _fmt(a.speedup, ".2f"),
-                        _fmt(a.max_abs_err, ".1e"),
-                        _fmt(a.error_ratio, ".2f"),
-                        a.reason,
-                    ]
-                )
-        return out
-
-    HEADERS = (
-        "graph",
-        "backend",
-        "status",
-        "compile s",
-        "latency ms",
-        "speedup",
-        "max err",
-        "err/eager",
-        "reason",
-    )
-    GRAPH_HEADERS = ("graph", "origin", "nodes", "eager ms", "winner", "notes")
+        return texts(ATTEMPT_COLUMNS, self.attempts(failures_only))
 
     def graph_rows(self) -> list[list[str]]:
         """One row per graph: where it came from, its size, eager's latency and the winner."""
-        return [
-            [
-                str(g.id),
-                g.origin,
-                str(g.num_nodes),
-                _fmt(g.eager_ms, ".3f"),
-                g.winner or "-",
-                "; ".join(g.notes),
-            ]
-            for g in self.graphs
-        ]
+        return texts(GRAPH_COLUMNS, self.graphs)
 
     def summary_line(self) -> str:
         s = self.summary()
@@ -182,33 +160,20 @@ class Report:
 
     def table(self, failures_only: bool = False) -> Group:
         """Rich tables: the graphs, then their attempts (all, or only the failures)."""
-        graphs = Table(title="backend-chain report: graphs", title_justify="left")
-        for h in self.GRAPH_HEADERS:
-            graphs.add_column(h, overflow="fold", no_wrap=h in ("graph", "nodes", "eager ms"))
-        for row in self.graph_rows():
-            graphs.add_row(*(Text(c) for c in row))  # text, not rich markup: '[gpu]' stays
-        attempts = Table(
+        graphs = rich_table(
+            GRAPH_COLUMNS, title="backend-chain report: graphs", title_justify="left"
+        )
+        for graph in self.graphs:
+            graphs.add_row(*cells(GRAPH_COLUMNS, graph))
+        attempts = rich_table(
+            ATTEMPT_COLUMNS,
             title="attempts",
             title_justify="left",
             caption=self.summary_line(),
             caption_justify="left",
         )
-        for h in self.HEADERS:
-            attempts.add_column(
-                h,
-                overflow="fold",
-                no_wrap=h != "reason",
-                ratio=1 if h == "reason" else None,
-                justify="right" if h in _NUMERIC else "left",
-            )
-        styles = {
-            Status.WON.value: "bold green",
-            Status.SLOWER.value: "yellow",
-            Status.NOT_TRIED.value: "dim",
-            Status.UNAVAILABLE.value: "dim",
-        }
-        for row in self.rows(failures_only):
-            attempts.add_row(*(Text(c) for c in row), style=styles.get(row[2], "red"))
+        for row in self.attempts(failures_only):
+            attempts.add_row(*cells(ATTEMPT_COLUMNS, row), style=_STYLES.get(row[1].status, "red"))
         return Group(graphs, attempts)
 
     def render(self, failures_only: bool = False, width: int = 120) -> str:
@@ -219,21 +184,16 @@ class Report:
 
     def to_markdown(self, failures_only: bool = False) -> str:
         """GitHub-flavoured markdown: the graphs table, the attempts table, the summary."""
-
-        def table(headers: Sequence[str], rows: list[list[str]]) -> list[str]:
-            cells = [[c.replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
-            return [
-                "| " + " | ".join(headers) + " |",
-                "|" + "|".join("---" for _ in headers) + "|",
-                *("| " + " | ".join(r) + " |" for r in cells),
-            ]
-
         lines = [
-            *table(self.GRAPH_HEADERS, self.graph_rows()),
+            *markdown(GRAPH_COLUMNS, self.graph_rows()),
             "",
-            *table(self.HEADERS, self.rows(failures_only)),
+            *markdown(ATTEMPT_COLUMNS, self.rows(failures_only)),
         ]
         return "\n".join(lines) + f"\n\n{self.summary_line()}\n"
+
+    def to_csv(self, failures_only: bool = False) -> str:
+        """CSV: one line per attempt, the attempts table's columns with raw values."""
+        return to_csv(ATTEMPT_COLUMNS, self.attempts(failures_only))
 
     def __str__(self) -> str:
         return self.render()

@@ -182,9 +182,12 @@ def stale(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
 
 
 class Sleeps:
-    """Right answers, slowly: sleeps `seconds` per call (measurably slower than eager)."""
+    """Right answers, slowly: sleeps `seconds` per call (measurably slower than eager).
 
-    def __init__(self, seconds: float = 2e-3) -> None:
+    50 ms by default: longer than the ~24 ms stalls a busy 2-core CPU gives torch's threads.
+    """
+
+    def __init__(self, seconds: float = 0.05) -> None:
         self.seconds = seconds
         self.__name__ = "sleeps"
 

@@ -24,7 +24,7 @@ from chain.bench.harness import (
     Result,
     Settings,
     bench_model,
-    one_line,
+    failure,
 )
 from chain.bench.models import SUITE, default_models
 from chain.bench.output import FIELDS, draw, geomeans
@@ -218,8 +218,8 @@ def test_one_line_peels_dynamo_wrappers() -> None:
         except Unsupported as inner:
             raise RuntimeError("backend='x' raised") from inner
     except RuntimeError as outer:
-        assert one_line(outer) == ("unsupported", "dynamic shapes")
-    assert one_line(ValueError("bad\nmore")) == ("compile_error", "ValueError: bad")
+        assert failure(outer) == ("unsupported", "dynamic shapes")
+    assert failure(ValueError("bad\nmore")) == ("compile_error", "ValueError: bad")
 
 
 def test_geomeans_count_matching_rows_only() -> None:

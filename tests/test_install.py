@@ -73,4 +73,5 @@ def test_chain_bench_quick_runs_from_the_installed_package(venv: Path, tmp_path:
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
     by_label = {r["candidate"]: r for r in rows}
     assert by_label["chain(onnxruntime,eager)[first]"]["status"] == "ok"
-    assert by_label["chain(onnxruntime,eager)[first]"]["winners"] == ["onnxruntime"]
+    # onnxruntime passes; eager runs the graph instead when ORT is measurably slower (the floor)
+    assert by_label["chain(onnxruntime,eager)[first]"]["winners"] in (["onnxruntime"], ["eager"])

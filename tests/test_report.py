@@ -149,6 +149,9 @@ def test_cli_prints_the_saved_report(report: Report, tmp_path: Path) -> None:
     assert "declines" in table.stdout and "exploded" in table.stdout
     md = _cli("report", str(path), "--format", "markdown", "--failures")
     assert md.returncode == 0 and "| won |" not in md.stdout and "unsupported" in md.stdout
+    rows = _cli("report", str(path), "--format", "csv", "--failures").stdout.splitlines()
+    assert rows[0].startswith("graph,backend,status,compile s,") and len(rows) == 5
+    assert all(",won," not in r for r in rows) and "no converter" in rows[2]
     js = _cli("report", str(path), "--format", "json")
     assert Report.from_dict(json.loads(js.stdout)).graphs == report.graphs
 

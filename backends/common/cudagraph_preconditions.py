@@ -19,6 +19,9 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from backends.common.fx_utils import GATED_RANDOM_OPS, RANDOM_OPS, grad_inputs
+from backends.common.fx_utils import bare_op_name as op_name
+
 
 def words(text: str) -> frozenset[str]:
     """A set of op names written as one space-separated string."""
@@ -40,22 +43,8 @@ DATA_DEPENDENT_OPS = words(
     "nonzero argwhere masked_select unique unique_consecutive bincount repeat_interleave "
     "item tolist _local_scalar_dense"
 )
-# Random ops by name (torch-level graphs); ATen ops carry the nondeterministic_seeded tag.
-RANDOM_OPS = words(
-    "rand randn randint rand_like randn_like randint_like randperm bernoulli normal "
-    "multinomial poisson rrelu uniform_ normal_ bernoulli_ exponential_ geometric_ "
-    "cauchy_ log_normal_ random_"
-)
-DROPOUT_OPS = words("dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout")
-
-
-def op_name(node: fx.Node) -> str:
-    """The bare name of what a node calls: 'add_' for x.add_, 'nonzero' for aten.nonzero."""
-    if node.op == "call_method":
-        return str(node.target)
-    if isinstance(node.target, torch._ops.OpOverload):
-        return node.target._opname
-    return getattr(node.target, "__name__", str(node.target))
+# Random ops by name (torch-level graphs): RANDOM_OPS, GATED_RANDOM_OPS (fx_utils); ATen ops
+# carry the nondeterministic_seeded tag.
 
 
 def describe(node: fx.Node, gm: fx.GraphModule) -> str:
@@ -174,7 +163,7 @@ def check_random(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | Non
                 return f"random op: {describe(node, gm)}"
         elif node.op in ("call_function", "call_method") and name in RANDOM_OPS:
             return f"random op: {describe(node, gm)}"
-        elif node.op == "call_function" and name in DROPOUT_OPS:
+        elif node.op == "call_function" and name in GATED_RANDOM_OPS:
             if named_args(node, gm).get("training") is not False:
                 return f"random op: {describe(node, gm)} in training mode"
         elif node.op == "call_module":
@@ -213,11 +202,11 @@ def check_inference(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | 
             if isinstance(val, torch.Tensor) and val.requires_grad:
                 return f"training graph: output {node.name} requires grad ({hint})"
         return None
-    if torch.is_grad_enabled():
-        placeholders = gm.graph.find_nodes(op="placeholder")
-        for p, example in zip(placeholders, example_inputs, strict=False):
-            if isinstance(example, torch.Tensor) and example.requires_grad:
-                return f"training graph: input {p.name} requires grad in grad mode ({hint})"
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    needing = [i for i in grad_inputs(example_inputs) if i < len(placeholders)]
+    if needing:
+        name = placeholders[needing[0]].name
+        return f"training graph: input {name} requires grad in grad mode ({hint})"
     return None
 
 

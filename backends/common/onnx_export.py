@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import fx
 
+from backends.common.fx_utils import weight_inputs
 from backends.common.onnx_prepare import (
     PreparedGraph,
-    freeze_positions,
     module_scalars,
     prepare_graph,
     symbolic_dims,
 )
-from backends.errors import Unsupported
+from backends.errors import Unsupported, one_line
 
 if TYPE_CHECKING:
     import onnx
@@ -108,7 +108,7 @@ def quiet() -> Iterator[io.StringIO]:
             logger.setLevel(level)
 
 
-def one_line(error: BaseException) -> str:
+def exporter_line(error: BaseException) -> str:
     """The exporter's own reason in one line: its exception summary, without the boilerplate."""
     text = str(error)
     match = re.search(r"## Exception summary\s*\n+(.+)", text)
@@ -116,9 +116,7 @@ def one_line(error: BaseException) -> str:
     line = re.sub(r"\x1b\[[0-9;]*m", "", line)
     line = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", line).strip()
     line = re.sub(r"<OpOverload\(op='([\w.]+)', overload='(\w+)'\)>", r"\1.\2", line)
-    kind = type(error).__name__
-    line = f"{kind}: {line}" if not line.startswith(kind) else line
-    return line if len(line) <= 240 else line[:237] + "..."
+    return one_line(error, message=line)
 
 
 _REGISTRIES: dict[int, Any] = {}
@@ -195,7 +193,7 @@ def export_onnx(
     (default: the dims dynamo marked dynamic). Raises Unsupported with the exporter's reason.
     """
     if freeze is None:
-        frozen, scalars = freeze_positions(gm, example_inputs), module_scalars(gm, example_inputs)
+        frozen, scalars = weight_inputs(gm, example_inputs), module_scalars(gm, example_inputs)
     else:
         frozen, scalars = tuple(freeze), {}
     dims = symbolic_dims(gm, example_inputs) if dynamic_dims is None else dynamic_dims
@@ -237,7 +235,7 @@ def _export(
                 _torch_onnx_export, prepared.module.eval(), args, dynamic_shapes, opset
             )
         except torch.onnx.OnnxExporterError as error:
-            reason = one_line(error)
+            reason = exporter_line(error)
             if dims:
                 reason = f"dynamic shapes: {reason} (symbolic dims {dict(dims)})"
             raise Unsupported(reason, detail=f"{error}\n{said.getvalue()}") from error

@@ -2,7 +2,7 @@
 
 Dynamo hands nn.Module parameters and buffers to a backend as graph inputs. Exported that
 way they become ONNX graph inputs, and ONNX Runtime can neither fold nor pre-pack them
-(measured: 3x slower on a small ResNet). `freeze_positions` finds them; `prepare_graph`
+(measured: 3x slower on a small ResNet). `fx_utils.weight_inputs` finds them; `prepare_graph`
 builds a new graph module (the given one is never mutated) where they are constants,
 where SymInt inputs are read from the tensor shapes they come from, and where PyTorch's
 fused inference fast paths (which have no ONNX translation) are spelled out in plain ops.
@@ -23,31 +23,6 @@ from backends.errors import Unsupported
 
 def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def _is_param_or_buffer(node: fx.Node, value: object) -> bool:
-    """Dynamo's own record of where the input came from, else "is an nn.Parameter"."""
-    grapharg = node.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
-    if source is not None:
-        from torch._dynamo.source import is_from_unspecialized_param_buffer_source
-
-        if is_from_unspecialized_param_buffer_source(source):
-            return True
-        name = getattr(source, "name", "")
-        name = name() if callable(name) else name
-        if "._parameters[" in str(name) or "._buffers[" in str(name):
-            return True
-    return isinstance(value, torch.nn.Parameter)
-
-
-def freeze_positions(gm: fx.GraphModule, example_inputs: Sequence[object]) -> tuple[int, ...]:
-    """Positions of the inputs that are module parameters or buffers (to become constants)."""
-    return tuple(
-        i
-        for i, (node, value) in enumerate(zip(_placeholders(gm), example_inputs, strict=True))
-        if isinstance(value, torch.Tensor) and _is_param_or_buffer(node, value)
-    )
 
 
 def _is_symbolic(size: object) -> bool:

@@ -54,20 +54,10 @@ def session_options(
 
 
 def element_type(dtype: torch.dtype) -> int:
-    """The ONNX element type IOBinding takes for a torch dtype (bfloat16 included)."""
-    from onnx import TensorProto
+    """The ONNX element type IOBinding takes for a torch dtype (onnx_ir's own mapping)."""
+    from onnx_ir.tensor_adapters import from_torch_dtype
 
-    table = {
-        torch.float32: TensorProto.FLOAT,
-        torch.float16: TensorProto.FLOAT16,
-        torch.bfloat16: TensorProto.BFLOAT16,
-        torch.float64: TensorProto.DOUBLE,
-        torch.int64: TensorProto.INT64,
-        torch.int32: TensorProto.INT32,
-        torch.int8: TensorProto.INT8,
-        torch.uint8: TensorProto.UINT8,
-        torch.bool: TensorProto.BOOL,
-    }
-    if dtype not in table:
-        raise Unsupported(f"{dtype} has no ONNX element type for IOBinding")
-    return table[dtype]
+    try:
+        return int(from_torch_dtype(dtype))
+    except TypeError as error:
+        raise Unsupported(f"{dtype} has no ONNX element type for IOBinding") from error

@@ -15,12 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from backends.common.fx_utils import op_name
+from backends.common.fx_utils import fetch_attr, op_name
 from backends.errors import Unsupported
 
 BLOCK_PREFIX = "_run_on_acc_"  # the fused submodules' names: `_run_on_acc_0`, ...
@@ -159,7 +158,7 @@ def inline_constants(gm: fx.GraphModule, call: fx.Node) -> None:
         if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
             keep_args.append(arg)
             continue
-        value = _fetch(gm, str(arg.target))
+        value = fetch_attr(gm, str(arg.target))
         name = f"_const_{placeholder.name}"
         block.register_buffer(name, value, persistent=False)
         with block.graph.inserting_before(placeholder):
@@ -170,13 +169,6 @@ def inline_constants(gm: fx.GraphModule, call: fx.Node) -> None:
     call.args = tuple(keep_args)
     block.graph.lint()
     block.recompile()
-
-
-def _fetch(gm: fx.GraphModule, target: str) -> torch.Tensor:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def block_calls(gm: fx.GraphModule) -> Iterable[fx.Node]:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import refuse_training
 from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import LEVELS, session_options
 from backends.errors import Unsupported
@@ -104,14 +105,7 @@ def _output_specs(outputs: Sequence[object]) -> list[OutputSpec]:
 
 def check_inference(example_inputs: Sequence[object]) -> None:
     """Refuse autograd graphs: ORT computes no gradients, so outputs would lose grad_fn."""
-    if not torch.is_grad_enabled():
-        return
-    grads = [i for i, t in enumerate(example_inputs) if getattr(t, "requires_grad", False)]
-    if grads:
-        raise Unsupported(
-            f"training graph: {len(grads)} inputs require grad with grad mode on; "
-            "ONNX Runtime computes no gradients (run under torch.no_grad() or inference_mode())"
-        )
+    refuse_training(example_inputs, "ONNX Runtime computes no gradients")
 
 
 def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> dict[str, Any]:
@@ -186,3 +180,5 @@ __all__ = [
     "export_onnx",
     "onnxruntime_backend",
 ]
+
+from backends.onnxruntime import graphs as _graphs  # noqa: E402, F401  (its CUDA graphs variant)

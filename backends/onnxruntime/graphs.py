@@ -23,10 +23,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.cudagraph_preconditions import check_preconditions
 from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import element_type, session_options
-from backends.cudagraphs import cudagraphs_available
+from backends.cudagraphs import refuse_unless_graphable
 from backends.errors import Unsupported
 from backends.onnxruntime import (
     _device_of,
@@ -145,17 +144,15 @@ def onnxruntime_graphed(
     example_inputs: list[Any],
     *,
     providers: Sequence[Provider] | None = None,
-    graph_optimization_level: str = "all",
-    intra_op_num_threads: int | None = None,
-    allow_spinning: bool = False,
     on_weight_change: str = "reexport",
+    **session: Any,
 ) -> GraphedOrtRunner:
-    """The ONNX Runtime backend's export, run as a CUDA graph ORT captures itself."""
+    """The ONNX Runtime backend's export, run as a CUDA graph ORT captures itself.
+
+    Its options are the backend's (checked there); `session` holds those of the session.
+    """
     del on_weight_change  # a captured graph cannot re-export: a changed weight always raises
-    if reason := cudagraphs_available():
-        raise Unsupported(f"CUDA graphs: {reason}")
-    if reason := check_preconditions(gm, example_inputs):
-        raise Unsupported(reason)
+    refuse_unless_graphable(gm, example_inputs)
     check_inference(example_inputs)
     device = _device_of(example_inputs)
     outputs, single = _output_nodes(gm)
@@ -163,7 +160,7 @@ def onnxruntime_graphed(
     chosen = graphed_providers(
         list(providers) if providers is not None else default_providers(device)
     )
-    options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+    options = session_options(**session)
     graph = export_onnx(gm, example_inputs)
     session = create_graphed_session(graph.model, options, chosen)
     runner = GraphedOrtRunner(

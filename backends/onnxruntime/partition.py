@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.fx_utils import calls_of, op_histogram, op_name, record_calls
+from backends.common.fx_utils import calls_of, op_counts, op_name, record_calls
 from backends.common.onnx_export import export_onnx, quiet
 from backends.common.partitioner import (
     EXCLUDED,
@@ -90,7 +90,7 @@ def ort_parts(
             if reason is not None:
                 raise Unsupported(f"mismatch against PyTorch: {reason}")
         except Unsupported as error:
-            result.leave_to_pytorch(name, op_histogram(block), f"onnxruntime: {error.reason}")
+            result.leave_to_pytorch(name, op_counts(block), f"onnxruntime: {error.reason}")
             continue
         parts[name] = part
     return split, parts, result
@@ -111,7 +111,7 @@ def export_part(
         body=graph.model,
         input_positions=graph.input_positions,
         returns_tuple=returns_tuple,
-        ops=sum(op_histogram(block).values()),
+        ops=sum(op_counts(block).values()),
         example_inputs=args,
         expected=tuple(outputs),
     )

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import weight_inputs
 from backends.errors import Unsupported
 from backends.tensorrt.decompositions import decomposition_table
 
@@ -31,19 +32,6 @@ class AtenGraph:
     frozen_inputs: tuple[int, ...]
 
 
-def weight_input_indices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[int, ...]:
-    """Positions of inputs that are module parameters or buffers (dynamo lifts them)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    indices = []
-    for i, (node, value) in enumerate(zip(placeholders, example_inputs, strict=False)):
-        source = getattr(node.meta.get("grapharg"), "source", None)
-        name = getattr(source, "name", "")
-        name = f"{name() if callable(name) else name} {node.name}"
-        if isinstance(value, torch.nn.Parameter) or "_parameters" in name or "_buffers" in name:
-            indices.append(i)
-    return tuple(indices)
-
-
 def to_aten(
     gm: fx.GraphModule, example_inputs: Sequence[Any], freeze: Sequence[int] | None = None
 ) -> AtenGraph:
@@ -54,7 +42,7 @@ def to_aten(
             f"dynamic shapes: input(s) {not_tensors} are symbolic sizes, not tensors; "
             "compile with static shapes (the engine cache makes new sizes cheap)"
         )
-    frozen = tuple(weight_input_indices(gm, example_inputs) if freeze is None else freeze)
+    frozen = tuple(weight_inputs(gm, example_inputs) if freeze is None else freeze)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from backends.common.fx_utils import refuse_training
 from backends.errors import Unsupported
 
 NOT_INSTALLED = "tensorrt is not installed: pip install 'backend-chain[gpu]'"
@@ -32,17 +33,7 @@ def available() -> str | None:
 
 def check_inference_graph(example_inputs: Sequence[Any]) -> None:
     """Raise Unsupported for a training graph: TensorRT engines have no backward."""
-    if not torch.is_grad_enabled():
-        return
-    needing = [
-        i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.requires_grad
-    ]
-    if needing:
-        raise Unsupported(
-            f"training graph: {len(needing)} input(s) require grad (first at position "
-            f"{needing[0]}); TensorRT builds inference engines, run under torch.no_grad() "
-            "or torch.inference_mode()"
-        )
+    refuse_training(example_inputs, "TensorRT builds inference engines")
 
 
 def check_devices(example_inputs: Sequence[Any]) -> None:

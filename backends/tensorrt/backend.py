@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.fx_utils import op_histogram
+from backends.common.fx_utils import op_counts
 from backends.common.partitioner import summarize
 from backends.errors import Unsupported
 from backends.registry import register_backend
@@ -101,7 +101,7 @@ def _parser_fallback(the_plan: Plan, name: str, error: Any) -> None:
     """A block the parser refused stays a PyTorch submodule; its ops get the parser's reason."""
 
     the_plan.result.leave_to_pytorch(
-        name, op_histogram(the_plan.block(name)), f"TensorRT parser: {error.reason}"
+        name, op_counts(the_plan.block(name)), f"TensorRT parser: {error.reason}"
     )
 
 

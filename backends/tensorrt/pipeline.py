@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import record_calls
 from backends.common.partitioner import is_block_call
 from backends.tensorrt.aten import to_aten
 from backends.tensorrt.lowering import apply_lowering_passes
@@ -41,27 +42,9 @@ def plan(gm: fx.GraphModule, example_inputs: Sequence[Any], options: PartitionOp
     return Plan(split, result, aten.frozen_inputs, capture_engine_inputs(split, example_inputs))
 
 
-class _Recorder(fx.Interpreter):
-    """Runs the partitioned graph in PyTorch and keeps the arguments of each engine call."""
-
-    def __init__(self, gm: fx.GraphModule) -> None:
-        super().__init__(gm)
-        self.seen: dict[str, tuple[torch.Tensor, ...]] = {}
-
-    def run_node(self, n: fx.Node) -> Any:
-        if is_block_call(n):
-            args, _ = self.fetch_args_kwargs_from_env(n)
-            self.seen[str(n.target)] = tuple(a for a in args)
-        return super().run_node(n)
-
-
 def capture_engine_inputs(
     gm: fx.GraphModule, example_inputs: Sequence[Any]
 ) -> dict[str, tuple[torch.Tensor, ...]]:
     """Example inputs of each engine block, by running the graph once in PyTorch."""
-    recorder = _Recorder(gm)
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily(), torch.no_grad():
-        recorder.run(*example_inputs)
-    return recorder.seen
+    calls = record_calls(gm, example_inputs, is_block_call)
+    return {name: args for name, (args, _) in calls.items()}

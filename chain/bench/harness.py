@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.errors import Unsupported
+from backends.errors import Unsupported, one_line
 from chain.fp64 import fp64_inputs
 from chain.verify import compare
 
@@ -79,15 +79,14 @@ class Settings:
     min_sample_ms: float = 1.0  # calls per sample grow until a sample lasts this long
 
 
-def one_line(error: BaseException) -> tuple[str, str]:
+def failure(error: BaseException) -> tuple[str, str]:
     """(status, reason) for a failure: dynamo's wrapper peeled off, the first line kept."""
     inner: BaseException = error
     while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
         inner = getattr(inner, "inner_exception", None) or inner.__cause__  # type: ignore[assignment]
     if isinstance(inner, Unsupported):
         return "unsupported", inner.reason
-    text = str(inner).strip().splitlines()
-    return "compile_error", f"{type(inner).__name__}: {text[0] if text else ''}"[:300]
+    return "compile_error", one_line(inner, limit=300)
 
 
 def _sync(device: torch.device) -> None:
@@ -111,7 +110,7 @@ def _device(inputs: Inputs) -> torch.device:
 
 def _drop(result: Result, live: dict[str, Compiled], label: str, error: BaseException) -> None:
     """A candidate that failed after compiling: its row says why, its column stops."""
-    result.status, result.reason = "runtime_error", one_line(error)[1]
+    result.status, result.reason = "runtime_error", failure(error)[1]
     live.pop(label, None)
 
 
@@ -121,7 +120,7 @@ def fp64_outputs(model: nn.Module, inputs: Inputs) -> Any:
     try:
         return copy.deepcopy(model).double()(*fp64_inputs(inputs))
     except Exception as error:  # no float64 kernel, out of memory: say so, compare by tolerances
-        print(f"no float64 reference ({one_line(error)[1]}): compared under dtype tolerances")
+        print(f"no float64 reference ({failure(error)[1]}): compared under dtype tolerances")
         return None
 
 
@@ -160,7 +159,7 @@ def compile_candidates(
             _sync(device)
             result.compile_s = time.perf_counter() - start
         except Exception as error:  # a failed candidate is a row with its reason, not a crash
-            result.status, result.reason = one_line(error)
+            result.status, result.reason = failure(error)
             continue
         verdict = compare(expected, out, fp64=fp64)
         result.max_abs_err = verdict.max_abs_err

@@ -6,48 +6,33 @@ leaves the old file or the new one, never half of one.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
-import os
+import operator
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
-from rich.text import Text
 
+from backends.common.files import atomic_path, atomic_write
+from chain import columns
 from chain.bench.harness import Result
+from chain.columns import Column
 
 FIELDS = (
     "model", "candidate", "kind", "status", "median_ms", "iqr_ms", "speedup", "compile_s",
     "max_abs_err", "graphs", "winners", "samples", "reason", "lost",
 )  # fmt: skip
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, list):
-        return "; ".join(value)
-    return "" if value is None else value
+# The CSV: every field of a row's `to_dict()`, raw (the tables below format theirs).
+CSV_COLUMNS: tuple[Column[dict[str, Any]], ...] = tuple(
+    Column(name, operator.itemgetter(name)) for name in FIELDS
+)
 
 
 def to_csv(rows: Sequence[Result]) -> str:
     """One line per (model, candidate); lists (winners in graph order, losses) joined by '; '."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        data = row.to_dict()
-        writer.writerow({k: _cell(data[k]) for k in FIELDS})
-    return buf.getvalue()
+    return columns.to_csv(CSV_COLUMNS, [r.to_dict() for r in rows])
 
 
 def to_json(meta: dict[str, Any], rows: Sequence[Result]) -> str:
@@ -68,12 +53,6 @@ def geomeans(rows: Sequence[Result]) -> dict[str, tuple[float, int]]:
     return {c: (math.exp(sum(v) / len(v)), len(v)) for c, v in logs.items()}
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    if value is None:
-        return "-"
-    return "inf" if math.isinf(value) else format(value, spec)
-
-
 def _spread(row: Result) -> str:
     """The interquartile range as a share of the median: how much to trust the figure."""
     if row.iqr_ms is None or not row.median_ms:
@@ -81,42 +60,36 @@ def _spread(row: Result) -> str:
     return f"±{50 * row.iqr_ms / row.median_ms:.0f}%"
 
 
-def _line(row: Result) -> list[str]:
-    return [
-        row.model,
-        row.candidate,
-        row.status,
-        _fmt(row.median_ms, ".3f"),
-        _spread(row),
-        _fmt(row.speedup, ".2f") + ("x" if row.speedup else ""),
-        _fmt(row.compile_s, ".2f"),
-        _fmt(row.max_abs_err, ".1e"),
-        "-" if row.graphs is None else str(row.graphs),
-        " ".join(row.winners) or "-",
-        row.reason,
-    ]
+def _speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}" + ("x" if value else "")
 
 
-HEADERS = (
-    "model", "candidate", "status", "median ms", "spread", "speedup", "compile s",
-    "max abs err", "graphs", "winners", "reason / note",
-)  # fmt: skip
+COLUMNS: tuple[Column[Result], ...] = (
+    Column("model", lambda r: r.model),
+    Column("candidate", lambda r: r.candidate),
+    Column("status", lambda r: r.status),
+    Column("median ms", lambda r: r.median_ms, ".3f", numeric=True),
+    Column("spread", lambda r: r, _spread, numeric=True),
+    Column("speedup", lambda r: r.speedup, _speedup, numeric=True),
+    Column("compile s", lambda r: r.compile_s, ".2f", numeric=True),
+    Column("max abs err", lambda r: r.max_abs_err, ".1e", numeric=True),
+    Column("graphs", lambda r: r.graphs, numeric=True),
+    Column("winners", lambda r: r.winners, joiner=" "),
+    Column("reason / note", lambda r: r.reason, wrap=True),
+)
+HEADERS = tuple(c.name for c in COLUMNS)
 
 
 def to_table(rows: Sequence[Result], title: str) -> Table:
     """The rich table printed at the end of a run."""
-    table = Table(title=title, show_lines=False)
-    for i, header in enumerate(HEADERS):
-        last = i == len(HEADERS) - 1
-        justify = "right" if 3 <= i <= 8 else "left"
-        table.add_column(header, justify=justify, no_wrap=not last, overflow="fold")
+    table = columns.rich_table(COLUMNS, title=title, show_lines=False)
     model = None
     for row in rows:
         if model is not None and row.model != model:
             table.add_section()
         model = row.model
         style = "" if row.status == "ok" else "dim"
-        table.add_row(*(Text(cell) for cell in _line(row)), style=style)
+        table.add_row(*columns.cells(COLUMNS, row), style=style)
     return table
 
 
@@ -203,10 +176,8 @@ def to_markdown(meta: dict[str, Any], rows: Sequence[Result]) -> str:
         out.append(f"| {cand} | {mean:.2f}x | {n} |")
     out += chain_costs(rows)
     out += against_peers(rows)
-    out += ["", "## All runs", "", "| " + " | ".join(HEADERS) + " |"]
-    out.append("|" + "---|" * len(HEADERS))
-    for row in rows:
-        out.append("| " + " | ".join(c.replace("|", "/") for c in _line(row)) + " |")
+    out += ["", "## All runs", ""]
+    out += columns.markdown(COLUMNS, columns.texts(COLUMNS, rows))
     return "\n".join(out) + "\n"
 
 
@@ -279,10 +250,11 @@ def write_png(path: Path, meta: dict[str, Any], rows: Sequence[Result]) -> str |
     import matplotlib.pyplot as plt
 
     fig = draw(meta, rows)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+    finally:
+        plt.close(fig)
     return None
 
 
@@ -298,7 +270,7 @@ def write_all(
     }
     paths = []
     for name, render in writers.items():
-        write_atomic(out / name, render())
+        atomic_write(out / name, render())
         paths.append(out / name)
     skipped = write_png(out / "speedups.png", meta, rows)
     if skipped is None:

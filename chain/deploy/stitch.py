@@ -14,18 +14,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import fetch_attr
 from backends.common.parts import Part
 from backends.common.payload import TensorSpec, specs_to_str, to_tensor
 from chain.deploy import ops  # noqa: F401  (registers backend_chain::run_payload)
 
 PAYLOAD_PREFIX = "_chain_payload_"
-
-
-def _fetch(module: torch.nn.Module, target: str) -> Any:
-    obj: Any = module
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _assign(root: torch.nn.Module, target: str, value: Any, buffers: set[str]) -> None:
@@ -64,7 +58,7 @@ def stitch(gm: fx.GraphModule, parts: dict[str, Part]) -> fx.GraphModule:
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
         if node.op in ("get_attr", "call_module") and not hasattr(root, str(node.target)):
-            _assign(root, str(node.target), _fetch(gm, str(node.target)), buffers)
+            _assign(root, str(node.target), fetch_attr(gm, str(node.target)), buffers)
     graph.lint()
     stitched = fx.GraphModule(root, graph)
     _unbuffer(stitched, root, buffers)
@@ -77,7 +71,7 @@ def _unbuffer(stitched: fx.GraphModule, root: torch.nn.Module, buffers: set[str]
         target = str(node.target)
         if node.op != "get_attr" or target in buffers:
             continue
-        value = _fetch(root, target)
+        value = fetch_attr(root, target)
         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
             *path, leaf = target.split(".")
             owner = stitched.get_submodule(".".join(path)) if path else stitched

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import fx
 
-from backends.common.fx_utils import op_histogram
+from backends.common.fx_utils import op_counts
 from backends.errors import Unsupported
 from backends.tensorrt.aten import to_aten
 from backends.tensorrt.partitioning import SUPPORT_TABLE, PartitionOptions, check, partition
@@ -31,7 +31,7 @@ def test_decomposition_keeps_tensorrt_friendly_ops_whole(name: str, kept_whole: 
     gm, inputs, expected = graph(name)
     before = gm.code
     traced = to_aten(gm, inputs)
-    ops = op_histogram(traced.gm)
+    ops = op_counts(traced.gm)
     assert kept_whole <= set(ops)
     assert not any(op.startswith(("aten.addmm", "aten.t.", "aten.var_mean")) for op in ops)
     assert "aten._transformer_encoder_layer_fwd.default" not in ops  # written out

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -21,6 +19,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.files import atomic_write
 from backends.common.payload import TensorSpec
 
 logger = logging.getLogger(__name__)
@@ -61,19 +60,6 @@ class CachedEngine:
     meta: dict[str, Any]
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class EngineCache:
     """`<dir>/engines/<key>.engine` + `<key>.json` (I/O names, checksum); the timing cache."""
 
@@ -109,6 +95,7 @@ class EngineCache:
         """Save an engine and its metadata (engine first: the metadata makes it visible)."""
         engine_path, meta_path = self._paths(key)
         full = {**meta, "format": FORMAT, "sha256": hashlib.sha256(engine).hexdigest()}
+        engine_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(engine_path, engine)
         atomic_write(meta_path, json.dumps(full, indent=1).encode())
 
@@ -127,4 +114,6 @@ class EngineCache:
             return b""
 
     def write_timing_cache(self, data: bytes) -> None:
+        """Save the serialized timing cache (the cache folder is created when missing)."""
+        self.timing_cache_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.timing_cache_path, data)

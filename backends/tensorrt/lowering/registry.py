@@ -15,6 +15,8 @@ from typing import Any, overload
 import torch
 from torch import fx
 
+from backends.registry import restored
+
 logger = logging.getLogger(__name__)
 
 LoweringPass = Callable[[fx.GraphModule, Sequence[Any]], fx.GraphModule]
@@ -76,11 +78,8 @@ class LoweringPassRegistry:
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[LoweringPassRegistry]:
         """Within the block, changes to the pass list are temporary."""
-        saved = list(self._passes)
-        try:
+        with restored(self, "_passes"):
             yield self
-        finally:
-            self._passes = saved
 
 
 def _name(lowering_pass: LoweringPass) -> str:

@@ -15,16 +15,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.cudagraph_preconditions import check_preconditions
 from backends.common.cudagraph_static import graph_callable, static_input_positions
-from backends.cudagraphs import (
-    PROBE_CALLS,
-    cudagraphs_available,
-    probe,
-    safe_outputs,
-    watch_cudagraph_skips,
-)
-from backends.errors import Unsupported
+from backends.cudagraphs import capture, refuse_unless_graphable
 from backends.registry import registry
 from backends.tensorrt.backend import tensorrt_backend
 
@@ -49,19 +41,12 @@ class FrozenCheck:
 @registry.graphed_variant("tensorrt")
 def tensorrt_graphed(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **options: Any) -> Any:
     """The TensorRT backend's compiled graph, captured and replayed on torch's stream."""
-    if reason := cudagraphs_available():
-        raise Unsupported(f"CUDA graphs: {reason}")
-    if reason := check_preconditions(gm, example_inputs):
-        raise Unsupported(reason)
+    refuse_unless_graphable(gm, example_inputs)
     compiled = tensorrt_backend.compiler(gm, example_inputs, **options)
     static = static_input_positions(gm, example_inputs)
-    with watch_cudagraph_skips() as watch:
-        graphed = graph_callable(compiled, example_inputs, static)
-    if watch.skips:
-        raise Unsupported(watch.reason(), detail="\n".join(watch.messages))
-    outputs, watch = probe(graphed, example_inputs)
-    replay, cloned, aliased = safe_outputs(graphed, outputs, example_inputs)
-    del outputs
+    replay, details = capture(
+        lambda: graph_callable(compiled, example_inputs, static), gm, example_inputs
+    )
     check = FrozenCheck(tuple(getattr(compiled, "frozen", ())), example_inputs)
 
     def run(*args: Any) -> Any:
@@ -70,11 +55,6 @@ def tensorrt_graphed(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **o
 
     run.chain_details = {  # type: ignore[attr-defined]
         **dict(getattr(compiled, "chain_details", {}) or {}),
-        "cuda_graphs": True,
-        "cloned_outputs": cloned,
-        "input_alias_outputs": aliased,
-        "probe_calls": PROBE_CALLS,
-        "static_inputs": len(static),
-        "inputs_copied_per_replay": watch.copied_inputs,
+        **details,
     }
     return run

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import fetch_attr
 from backends.tensorrt.aten import FREEZE
 from backends.tensorrt.lowering.registry import finish, replace_node
 
@@ -26,7 +27,7 @@ _MAX_GROWTH = 4
 def constant_fold(gm: fx.GraphModule, sample_inputs: Sequence[Any]) -> fx.GraphModule:
     """Freeze tagged placeholders into constants, then fold all-constant nodes."""
     changes = _freeze(gm, sample_inputs)
-    constants = {n: _fetch(gm, n) for n in gm.graph.nodes if n.op == "get_attr"}
+    constants = {n: fetch_attr(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"}
     constants = {n: v for n, v in constants.items() if isinstance(v, torch.Tensor)}
     for node in list(gm.graph.nodes):
         if not _foldable(node, constants):
@@ -73,13 +74,6 @@ def _foldable(node: fx.Node, constants: dict[fx.Node, torch.Tensor]) -> bool:
 def _small_enough(value: torch.Tensor, node: fx.Node, constants: dict[fx.Node, Any]) -> bool:
     largest = max(constants[n].numel() for n in node.all_input_nodes)
     return value.numel() <= _MAX_GROWTH * max(largest, 1)
-
-
-def _fetch(gm: fx.GraphModule, node: fx.Node) -> Any:
-    obj: Any = gm
-    for part in str(node.target).split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _register(gm: fx.GraphModule, base: str, value: torch.Tensor) -> str:

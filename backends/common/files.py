@@ -1,0 +1,46 @@
+"""Atomic file writes: readers see the old file or the new one, never half of one.
+
+Used by the report, the TensorRT engine cache and the benchmark's outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temporary path beside `path` to write to; renamed over `path` on success.
+
+    On any failure (the writer's or the rename's) the temporary file is removed and the
+    old `path` is left as it was. The temporary name ends in `.tmp`: a writer that infers
+    the format from the suffix must be told it.
+    """
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Write `data` (text as UTF-8) to `path` atomically and durably; returns the path.
+
+    The file gets the usual permissions (0666 less the umask, as `open()` gives; a
+    `tempfile.mkstemp` file would be 0600). The folder must exist.
+    """
+    payload = data.encode() if isinstance(data, str) else data
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
