@@ -243,7 +243,7 @@ def compile_with_torch(
     return capture(lambda: torch_cudagraphs(gm, example_inputs), gm, example_inputs)
 
 
-@register_backend("cudagraphs", available=cudagraphs_available)
+@register_backend("cudagraphs", available=cudagraphs_available, dynamic=False)
 def cudagraphs(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """Replay the graph as a CUDA graph (torch's cudagraph trees); outputs are cloned."""
     if reason := check_preconditions(gm, example_inputs):

@@ -3,7 +3,10 @@
 A backend is what dynamo calls a backend, `(gm, example_inputs, **options) -> callable`,
 plus `available() -> str | None` (None when it can run here, else a short reason).
 A backend that cannot take a graph raises `backends.errors.Unsupported(reason)`; any other
-exception is a real failure. A backend never mutates the `gm` it is given. A backend may
+exception is a real failure. A backend never mutates the `gm` it is given. A backend that
+compiles for fixed shapes declares `dynamic=False`: given a graph with symbolic sizes
+(dynamo's dynamic shapes) it is `Unsupported` ("dynamic shapes: ...") before it runs. A
+backend may
 declare a `graphed` hook, the same compiler with its result run under CUDA graphs, which
 the chain's `cuda_graphs` stage tries as a variant (`<name>+graphs`).
 
@@ -33,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from backends.errors import InvalidBackend
+from backends.common.fx_utils import symbolic_inputs
+from backends.errors import InvalidBackend, Unsupported
 from backends.options import Check, check_options, did_you_mean
 
 if TYPE_CHECKING:
@@ -73,6 +77,7 @@ class Backend:
     graphed: CompilerFn | None = None  # the same compiler with its output under CUDA graphs
     exporter: Exporter | None = None  # compiled graph -> parts with payloads (chain.export)
     loader: Loader | None = None  # payload header and body -> a runner (at load time)
+    dynamic: bool = True  # takes graphs with symbolic sizes (False: fixed shapes only)
 
     @property
     def exportable(self) -> bool:
@@ -82,6 +87,10 @@ class Backend:
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], **options: Any
     ) -> CompiledFn:
+        if not self.dynamic and (symbolic := symbolic_inputs(gm, example_inputs)):
+            raise Unsupported(
+                f"dynamic shapes: {self.name} compiles for fixed shapes; {symbolic[0]}"
+            )
         return self.compiler(gm, list(example_inputs), **options)
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,6 +125,7 @@ class BackendRegistry:
         graphed: CompilerFn | None = None,
         exporter: Exporter | None = None,
         loader: Loader | None = None,
+        dynamic: bool = True,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
@@ -124,7 +134,8 @@ class BackendRegistry:
         `graphed(gm, example_inputs, **options)`, when given, compiles the same way and runs
         the result under CUDA graphs (the chain's `cuda_graphs` stage tries it as a variant).
         `exporter` and `loader` (given together) make the backend exportable: see
-        `backends.common.parts`.
+        `backends.common.parts`. `dynamic=False`: the backend compiles for fixed shapes
+        only, and graphs with symbolic sizes are refused before it is called.
         """
         if (exporter is None) != (loader is None):
             raise ValueError(f"backend {name!r}: give both exporter and loader, or neither")
@@ -150,6 +161,7 @@ class BackendRegistry:
                 graphed=graphed,
                 exporter=exporter,
                 loader=loader,
+                dynamic=dynamic,
             )
             self._backends[name] = backend
             return backend

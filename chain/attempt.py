@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 from torch import fx
+from torch._guards import CompileContext, TracingContext, compile_context
+from torch._guards import tracing as tracing_context
 
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
 from chain.records import Attempt, Status
-from chain.verify import Verdict, compare
+from chain.verify import Verdict, compare, compare_writes
 
 
 class CompileTimeout(Exception):
@@ -40,24 +43,60 @@ def _free_device_memory(_: Any) -> None:
 
 @dataclass(frozen=True)
 class Reference:
-    """Eager's outputs on the example inputs, and how to feed inputs to a candidate."""
+    """Eager's outputs on this call's inputs, and how to feed inputs to a candidate.
+
+    `runs` are the concrete inputs the chain runs the graph on (`chain.concrete`: dynamo's
+    symbolic sizes replaced by their values; None when some size has none). When the graph
+    writes to its inputs, each run gets fresh clones and `after` holds eager's inputs after
+    its call, by position, for the candidates' writes to be checked against.
+    """
 
     outputs: Any
     clone_inputs: bool
     unverified: str | None  # why candidates are not compared with eager (None: they are)
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
     fp64: Any = None  # the graph's outputs in float64 (None: verified by tolerances)
+    runs: tuple[Any, ...] | None = ()
+    after: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
-        """Fresh clones of mutable inputs (not parameters) when the graph writes in place."""
-        if not self.clone_inputs:
-            return list(example_inputs)
+    @property
+    def runnable(self) -> bool:
+        """Whether the chain can run the graph itself (every symbolic size has a value)."""
+        return self.runs is not None
+
+    def cloned(self) -> list[int]:
+        """Positions of the inputs each run gets a fresh copy of (graphs that write in place)."""
+        if not self.clone_inputs or self.runs is None:
+            return []
         return [
-            x.clone()
+            i
+            for i, x in enumerate(self.runs)
             if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
-            else x
-            for x in example_inputs
         ]
+
+    def inputs(self) -> list[Any]:
+        """The inputs for one run: fresh clones of mutable ones when the graph writes in place."""
+        if self.runs is None:
+            raise RuntimeError("the graph has symbolic sizes without values: it cannot be run")
+        values = list(self.runs)
+        for i in self.cloned():
+            values[i] = values[i].clone()
+        return values
+
+
+def dynamo_signal(exc: BaseException) -> bool:
+    """Dynamo's control flow (restart the analysis, skip the frame): not a backend's failure,
+    so it passes through the chain untouched."""
+    from torch._dynamo.exc import RestartAnalysis, SkipFrame
+
+    return isinstance(exc, RestartAnalysis | SkipFrame)
+
+
+@contextlib.contextmanager
+def _modes(grad: bool, inference: bool) -> Iterator[None]:
+    """Grad and inference mode as the caller's thread had them (they are thread-local)."""
+    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+        yield
 
 
 def _compile(
@@ -67,14 +106,25 @@ def _compile(
     options: dict[str, Any],
     timeout_s: float | None,
 ) -> Callable[..., Any]:
-    """Call the backend; with a timeout, in a daemon thread that is abandoned if it hangs."""
+    """Call the backend; with a timeout, in a daemon thread that is abandoned if it hangs.
+
+    The thread inherits what the caller's thread holds and a compiler reads: grad and
+    inference mode, and dynamo's tracing and compile contexts (its fake mode, shape env).
+    """
     if timeout_s is None:
         return backend(gm, inputs, **options)
     future: concurrent.futures.Future[Callable[..., Any]] = concurrent.futures.Future()
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    tracing, compiling = TracingContext.try_get(), CompileContext.try_get()
 
     def work() -> None:
         try:
-            future.set_result(backend(gm, inputs, **options))
+            with (
+                _modes(grad, inference),
+                compile_context(compiling),
+                tracing_context(tracing),
+            ):
+                future.set_result(backend(gm, inputs, **options))
         except BaseException as exc:  # handed to the caller through the future
             future.set_exception(exc)
 
@@ -134,21 +184,10 @@ def try_backend(
     start = time.perf_counter()
     try:
         fn = retrying(_compile, backend, gm, list(example_inputs), options, timeout_s)
-    except Unsupported as exc:
-        return failed_attempt(
-            name, Status.UNSUPPORTED, exc, compile_s=time.perf_counter() - start
-        ), None
     except Exception as exc:
-        if strict:
+        if dynamo_signal(exc):
             raise
-        attempt = failed_attempt(
-            name,
-            Status.COMPILE_ERROR,
-            exc,
-            compile_s=time.perf_counter() - start,
-            retries=retrying.statistics.get("attempt_number", 1) - 1,
-        )
-        return attempt, None
+        return _compile_failed(name, exc, time.perf_counter() - start, retrying, strict), None
     compile_s = time.perf_counter() - start
     retries = retrying.statistics.get("attempt_number", 1) - 1
     details = dict(getattr(fn, "chain_details", None) or {})
@@ -158,9 +197,13 @@ def try_backend(
             raise exc
         return failed_attempt(name, Status.COMPILE_ERROR, exc, compile_s=compile_s), None
 
+    if not reference.runnable:  # no values for its sizes: the chain cannot run the graph
+        return Attempt(
+            name, Status.WON, reference.unverified or "", compile_s=compile_s, details=details
+        ), fn
     try:
         with torch.no_grad():
-            outputs = fn(*reference.inputs(example_inputs))
+            outputs = fn(*(inputs := reference.inputs()))
     except Exception as exc:
         if strict:
             raise
@@ -178,6 +221,9 @@ def try_backend(
             details=details,
         ), fn
     verdict = compare(reference.outputs, outputs, reference.tolerances, fp64=reference.fp64)
+    if verdict.reason is None:
+        written = {i: inputs[i] for i in reference.after}
+        verdict = compare_writes(reference.after, written, reference.tolerances) or verdict
     errors = _errors(verdict)
     if verdict.reason is not None:
         if strict:
@@ -203,6 +249,18 @@ def try_backend(
         details=details,
         **errors,
     ), fn
+
+
+def _compile_failed(
+    name: str, exc: Exception, seconds: float, retrying: Retrying, strict: bool
+) -> Attempt:
+    """The attempt of a backend whose compile raised: unsupported, or a compile error."""
+    if isinstance(exc, Unsupported):
+        return failed_attempt(name, Status.UNSUPPORTED, exc, compile_s=seconds)
+    if strict:
+        raise exc
+    retries = retrying.statistics.get("attempt_number", 1) - 1
+    return failed_attempt(name, Status.COMPILE_ERROR, exc, compile_s=seconds, retries=retries)
 
 
 def _errors(verdict: Verdict) -> dict[str, float | None]:

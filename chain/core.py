@@ -14,8 +14,9 @@ from torch import fx
 
 from backends.errors import InvalidBackend
 from backends.registry import Backend
-from chain import graphinfo
-from chain.attempt import Reference, failed_attempt, one_line, try_backend
+from chain import graphinfo, recompiles
+from chain.attempt import Reference, dynamo_signal, failed_attempt, one_line, try_backend
+from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
@@ -109,6 +110,7 @@ class Chain:
         reference, notes = self._reference(gm, inputs)
         if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
             notes.append(note)
+        compiled = recompiles.current()
         record = GraphRecord(
             id=len(self.report.graphs),
             fingerprint=graphinfo.fingerprint(gm, inputs),
@@ -119,15 +121,34 @@ class Chain:
             attempts=(),
             winner=None,
             notes=tuple(notes),
+            compile_id=compiled.compile_id,
+            recompiles=self._earlier(compiled),
+            recompile_reason=compiled.reason,
         )
         self.report.graphs.append(record)
-        attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
+        try:
+            attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
+        except Exception as exc:
+            if dynamo_signal(exc):  # dynamo restarts this compile: the graph never ran
+                self.report.graphs.pop()
+            raise
         record = self._finish(record, tuple(attempts), eager)
         winner = record.winner
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
         return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner))
+
+    def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
+        """The graph a recompile replaces: the latest one compiled from the same frame."""
+        if not compiled.recompile:
+            return None
+        same = [
+            g.id
+            for g in self.report.graphs
+            if g.compile_id is not None and g.compile_id.split("/")[0] == str(compiled.frame)
+        ]
+        return same[-1] if same else None
 
     def _index(self, name: str) -> int:
         """Position in the chain of the backend an attempt belongs to (variants too); the
@@ -179,10 +200,13 @@ class Chain:
 
     def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
         """Eager's outputs and the float64 ones to verify against, and notes on what limits
-        verification."""
+        verification. The chain runs the graph on concrete values (`chain.concrete`)."""
+        concrete = concretize(inputs)
         random = graphinfo.random_nodes(gm)
         unverified = None
-        if not self.verify:
+        if concrete.why_not is not None:
+            unverified = f"not verified or timed: {concrete.why_not}"
+        elif not self.verify:
             unverified = "not verified: verify=False"
         elif random:
             unverified = f"not verified: random ops ({'; '.join(map(str, random))})"
@@ -191,16 +215,22 @@ class Chain:
             clone_inputs=graphinfo.mutates_inputs(gm),
             unverified=unverified,
             tolerances=self.tolerances,
+            runs=concrete.values,
         )
         notes = [unverified] if unverified else []
+        if concrete.symbolic and concrete.values is not None:
+            notes.append(
+                f"dynamic: {concrete.symbolic} symbolic size(s); run at this call's values"
+            )
         if reference.clone_inputs:
             notes.append("mutates its inputs: eager and candidates ran on clones")
         if not unverified:
             with torch.no_grad():
-                outputs = gm(*reference.inputs(inputs))
-            fp64, note = fp64_reference(gm, reference.inputs(inputs))
+                outputs = gm(*(ran := reference.inputs()))
+            fp64, note = fp64_reference(gm, reference.inputs())
             notes += [note] if note else []
-            reference = dataclasses.replace(reference, outputs=outputs, fp64=fp64)
+            after = {i: ran[i] for i in reference.cloned()}
+            reference = dataclasses.replace(reference, outputs=outputs, fp64=fp64, after=after)
         return reference, notes
 
     # -- candidates ---------------------------------------------------------------------
@@ -214,7 +244,7 @@ class Chain:
         slow: dict[str, Callable[..., Any]] = {}  # below min_speedup: for the rescue
         floored: dict[str, Callable[..., Any]] = {}  # measurably slower than eager
         eager: Timing | None = None
-        shape = graphinfo.fingerprint(gm, inputs)
+        shape = graphinfo.graph_hash(gm)
         why_not_graphs = self.graphs.why_not(gm, inputs)
         for backend in self.backends[start:]:
             if passed and self.mode == "first":
@@ -230,7 +260,7 @@ class Chain:
                 timeout_s=self.compile_timeout_s,
                 strict=self.strict,
             )
-            now = graphinfo.fingerprint(gm, inputs)
+            now = graphinfo.graph_hash(gm)
             if now != shape:  # the contract: the gm is read-only
                 shape = now
                 attempt = dataclasses.replace(
@@ -241,7 +271,7 @@ class Chain:
                     "later backends see the changed graph",
                 )
                 fn = None
-            if fn is not None and self.measure and self.mode == "first":
+            if fn is not None and self._timed(reference) and self.mode == "first":
                 # timed at once: a candidate that fails while timed leaves room for the next
                 [attempt], timings = self._measure(
                     [attempt], {backend.name: fn}, gm, inputs, reference
@@ -258,7 +288,7 @@ class Chain:
                     backend, gm, inputs, reference, why_not_graphs, attempts, passed, speed
                 )
                 eager = timed or eager
-        if self.measure and passed and self.mode == "fastest":
+        if self._timed(reference) and passed and self.mode == "fastest":
             attempts, timings = self._measure(attempts, passed, gm, inputs, reference)
             eager = timings.get(_EAGER_REF)
         if self.mode == "fastest":
@@ -335,7 +365,7 @@ class Chain:
             return None
         plain, eager = attempts.pop(), None
         if backend.name not in passed:  # plain lost on speed: the variant is timed on its own
-            if self.measure:
+            if self._timed(reference):
                 [attempt], timings = self._measure(
                     [attempt], {variant.name: fn}, gm, inputs, reference
                 )
@@ -345,7 +375,7 @@ class Chain:
                 passed[variant.name] = fn
             attempts += [plain, attempt]
             return eager
-        if self.measure:
+        if self._timed(reference):
             fns = {backend.name: passed[backend.name], variant.name: fn}
             pair, timings = self._measure([plain, attempt], fns, gm, inputs, reference)
             eager = timings[_EAGER_REF]
@@ -361,6 +391,10 @@ class Chain:
                 passed[a.backend] = f
         attempts += [plain, attempt]
         return eager
+
+    def _timed(self, reference: Reference) -> bool:
+        """Whether candidates are timed: measure=True and the graph can be run here."""
+        return self.measure and reference.runnable
 
     def _measure(
         self,
@@ -381,7 +415,7 @@ class Chain:
             try:
                 timings = measure(
                     {_EAGER_REF: gm.forward, **{k: f for k, f in fns.items() if k not in same}},
-                    reference.inputs(inputs),
+                    reference.inputs(),
                     baseline=_EAGER_REF,
                     budget_s=self.measure_budget_s,
                 )

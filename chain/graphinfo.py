@@ -16,7 +16,13 @@ import torch
 from torch import fx
 from torch.fx.operator_schemas import normalize_function
 
-from backends.common.fx_utils import GATED_RANDOM_OPS, RANDOM_OPS, bare_op_name, op_name
+from backends.common.fx_utils import (
+    GATED_RANDOM_OPS,
+    RANDOM_OPS,
+    SYMBOLIC,
+    bare_op_name,
+    op_name,
+)
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
@@ -142,20 +148,46 @@ def input_specs(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
     return [_spec(x) for x in example_inputs]
 
 
-def fingerprint(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
-    """A structural hash: the same graph on the same input specs gives the same value."""
+def _graph_lines(gm: fx.GraphModule) -> list[str]:
+    """One line per node: op, target, arguments (nodes by position, symbols by kind)."""
     index = {node: i for i, node in enumerate(gm.graph.nodes)}
 
     def arg(a: Any) -> Any:
-        return fx.node.map_arg(a, lambda n: f"%{index[n]}")
+        return fx.node.map_aggregate(
+            a,
+            lambda v: (
+                f"%{index[v]}"
+                if isinstance(v, fx.Node)
+                else type(v).__name__
+                if isinstance(v, SYMBOLIC)
+                else v
+            ),
+        )
 
-    parts = [
+    return [
         f"{node.op}|{op_name(node) if node.op.startswith('call') else ''}|"
         f"{arg(node.args)!r}|{arg(node.kwargs)!r}"
         for node in gm.graph.nodes
     ]
-    parts += [repr(_spec(x)) for x in example_inputs]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _digest(lines: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def graph_hash(gm: fx.GraphModule) -> str:
+    """A structural hash of the graph alone, to check that a backend left it as it was.
+
+    Symbolic sizes count by kind, not by name or value: a compiler may legitimately teach
+    dynamo's shape environment a fact (inductor specializes a size it guards on), which
+    changes how a symbol prints but not the graph.
+    """
+    return _digest(_graph_lines(gm))
+
+
+def fingerprint(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """A structural hash: the same graph on the same input specs gives the same value."""
+    return _digest(_graph_lines(gm) + [repr(_spec(x)) for x in example_inputs])
 
 
 # Libraries that models are built from: their frames are not "the user's code".

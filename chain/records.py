@@ -119,6 +119,9 @@ class GraphRecord:
     eager_ms: float | None = None
     eager_spread_ms: float | None = None  # half-width of the 99% confidence interval
     notes: tuple[str, ...] = ()
+    compile_id: str | None = None  # dynamo's "frame/compile" ("0/1": frame 0, a recompile)
+    recompiles: int | None = None  # the earlier graph of the same frame this one replaces
+    recompile_reason: str | None = None  # dynamo's failed guard, when it says
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -138,6 +141,9 @@ class GraphRecord:
             "eager_ms": self.eager_ms,
             "eager_spread_ms": self.eager_spread_ms,
             "notes": list(self.notes),
+            "compile_id": self.compile_id,
+            "recompiles": self.recompiles,
+            "recompile_reason": self.recompile_reason,
             "attempts": [a.to_dict() for a in self.attempts],
         }
 
@@ -157,9 +163,14 @@ class GraphRecord:
                 data.get("eager_spread_ms"), f"graph {data['id']}: eager_spread_ms"
             ),
             notes=tuple(data.get("notes", ())),
+            compile_id=data.get("compile_id"),
+            recompiles=None if data.get("recompiles") is None else int(data["recompiles"]),
+            recompile_reason=data.get("recompile_reason"),
         )
 
     def __str__(self) -> str:
         lines = [f"graph {self.id} ({self.origin}, {self.num_nodes} nodes): {self.winner}"]
+        if self.recompiles is not None:
+            lines.append(f"  recompiles graph {self.recompiles}: {self.recompile_reason}")
         lines += [f"  {a}" for a in self.attempts]
         return "\n".join(lines)

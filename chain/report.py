@@ -38,12 +38,22 @@ ATTEMPT_COLUMNS: tuple[Column[tuple[GraphRecord, Attempt]], ...] = (
     Column("err/eager", lambda ga: ga[1].error_ratio, ".2f", numeric=True),
     Column("reason", lambda ga: ga[1].reason, wrap=True, stretch=True),
 )
+
+
+def recompile_text(record: GraphRecord) -> str | None:
+    """`graph N: why` for a recompile (why: dynamo's failed guard), None for a first compile."""
+    if record.recompiles is None:
+        return None
+    return f"graph {record.recompiles}: {record.recompile_reason or 'reason not recorded'}"
+
+
 GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
     Column("graph", lambda g: g.id),
     Column("origin", lambda g: g.origin, wrap=True),
     Column("nodes", lambda g: g.num_nodes),
     Column("eager ms", lambda g: g.eager_ms, ".3f"),
     Column("winner", lambda g: g.winner, wrap=True),
+    Column("recompiles", recompile_text, wrap=True),
     Column("notes", lambda g: g.notes, lambda notes: "; ".join(notes), wrap=True),
 )
 _STYLES = {

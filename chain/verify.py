@@ -1,6 +1,7 @@
 """Compare a candidate's outputs with eager's, pytree by pytree: structure, shapes, dtypes,
 exact integers, no new NaN/inf; floating values by the error rule against the float64
-reference (`chain.accuracy`), or under dtype tolerances when there is none."""
+reference (`chain.accuracy`), or under dtype tolerances when there is none; and the inputs
+a graph writes to, after the call, against eager's."""
 
 from __future__ import annotations
 
@@ -107,3 +108,19 @@ def compare(
                 worst,
             )
     return Verdict(None, biggest, worst)
+
+
+def compare_writes(
+    expected: dict[int, torch.Tensor],
+    actual: dict[int, torch.Tensor],
+    tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
+) -> Verdict | None:
+    """The graph's inputs after a candidate's call against eager's, by position (graphs that
+    write in place): None when every one matches, else a verdict naming the first that does
+    not ("input N not updated as eager does")."""
+    for i, after in expected.items():
+        verdict = compare(after, actual[i], tolerances)
+        if verdict.reason is not None:
+            detail = verdict.reason.removeprefix("output 0: ")
+            return Verdict(f"input {i} not updated as eager does: {detail}", verdict.max_abs_err)
+    return None

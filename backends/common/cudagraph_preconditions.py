@@ -19,7 +19,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from backends.common.fx_utils import GATED_RANDOM_OPS, RANDOM_OPS, grad_inputs
+from backends.common.fx_utils import GATED_RANDOM_OPS, RANDOM_OPS, grad_inputs, symbolic_inputs
 from backends.common.fx_utils import bare_op_name as op_name
 
 
@@ -175,17 +175,8 @@ def check_random(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | Non
 
 def check_static_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """Dynamic shapes: a CUDA graph is recorded for one set of shapes."""
-    placeholders = gm.graph.find_nodes(op="placeholder")
-    for i, p in enumerate(placeholders):
-        example = example_inputs[i] if i < len(example_inputs) else None
-        for val in (value(p), example):
-            if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                return f"dynamic shapes: input {p.name} is a symbolic size ({val})"
-            if isinstance(val, torch.Tensor) and not all(
-                isinstance(s, int) for s in (*val.shape, *val.stride())
-            ):
-                return f"dynamic shapes: input {p.name} has symbolic shape {tuple(val.shape)}"
-    return None
+    symbolic = symbolic_inputs(gm, example_inputs)
+    return f"dynamic shapes: {symbolic[0]}" if symbolic else None
 
 
 def check_inference(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:

@@ -3,8 +3,8 @@
 What a node calls (`op_name`, `bare_op_name`), the ops a block calls (`op_counts`), a
 dotted attribute of a module (`fetch_attr`), the arguments and outputs of chosen calls from
 one eager run (`record_calls`, `calls_of`), which inputs are module weights
-(`weight_inputs`), the training-graph refusal (`grad_inputs`, `refuse_training`) and the
-names of random ops.
+(`weight_inputs`), the training-graph refusal (`grad_inputs`, `refuse_training`), the
+inputs dynamo made symbolic (`symbolic_inputs`) and the names of random ops.
 """
 
 from __future__ import annotations
@@ -155,3 +155,28 @@ def refuse_training(example_inputs: Sequence[object], why: str) -> None:
             f"training graph: {len(needing)} input(s) require grad (first at position "
             f"{needing[0]}); {why}: run under torch.no_grad() or torch.inference_mode()"
         )
+
+
+SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def symbolic_inputs(gm: fx.GraphModule, example_inputs: Sequence[object]) -> list[str]:
+    """The inputs dynamo made dynamic, one phrase each: a symbolic size, or a tensor whose
+    traced shape or strides are symbolic ([] for a graph of fixed shapes).
+
+    Read from the placeholders' traced values as well as the example inputs: dynamo hands
+    real tensors, whose symbolic shapes only the placeholders record.
+    """
+    found = []
+    for i, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        example = example_inputs[i] if i < len(example_inputs) else None
+        for val in (node.meta.get("example_value", node.meta.get("val")), example):
+            if isinstance(val, SYMBOLIC):
+                found.append(f"input {node.name} is a symbolic size ({val})")
+                break
+            if isinstance(val, torch.Tensor) and not all(
+                isinstance(s, int) for s in (*val.shape, *val.stride())
+            ):
+                found.append(f"input {node.name} has symbolic shape {tuple(val.shape)}")
+                break
+    return found

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
     tags=("gpu",),
     exporter=export_parts,
     loader=load_payload,
+    dynamic=False,  # engines are built for the example shapes (no optimization profiles)
 )
 def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **options: Any) -> Any:
     """TensorRT engines for the parts of the graph it supports; the rest runs in PyTorch."""
