@@ -224,31 +224,20 @@ def try_backend(
     if verdict.reason is None:
         written = {i: inputs[i] for i in reference.after}
         verdict = compare_writes(reference.after, written, reference.tolerances) or verdict
-    errors = _errors(verdict)
-    if verdict.reason is not None:
-        if strict:
-            raise Mismatch(f"{name}: {verdict.reason}")
-        return Attempt(
-            name,
-            Status.MISMATCH,
-            verdict.reason,
-            error_type="Mismatch",
-            compile_s=compile_s,
-            max_abs_err=verdict.max_abs_err,
-            retries=retries,
-            details=details,
-            **errors,
-        ), None
+    if verdict.reason is not None and strict:
+        raise Mismatch(f"{name}: {verdict.reason}")
+    passed = verdict.reason is None
     return Attempt(
         name,
-        Status.WON,
-        "",
+        Status.WON if passed else Status.MISMATCH,
+        verdict.reason or "",
+        error_type=None if passed else "Mismatch",
         compile_s=compile_s,
         max_abs_err=verdict.max_abs_err,
         retries=retries,
         details=details,
-        **errors,
-    ), fn
+        **_errors(verdict),
+    ), fn if passed else None
 
 
 def _compile_failed(

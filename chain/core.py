@@ -250,16 +250,7 @@ class Chain:
             if passed and self.mode == "first":
                 attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
                 continue
-            attempt, fn = try_backend(
-                backend,
-                gm,
-                inputs,
-                reference,
-                options=self.options.get(backend.name, {}),
-                max_retries=self.max_retries,
-                timeout_s=self.compile_timeout_s,
-                strict=self.strict,
-            )
+            attempt, fn = self._try(backend, backend, gm, inputs, reference)
             now = graphinfo.graph_hash(gm)
             if now != shape:  # the contract: the gm is read-only
                 shape = now
@@ -299,6 +290,27 @@ class Chain:
             attempts.append(self._floor_attempt(eager))
             passed[EAGER] = gm.forward
         return attempts, passed, eager
+
+    def _try(
+        self,
+        compiler: Backend,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+    ) -> tuple[Attempt, Callable[..., Any] | None]:
+        """One attempt of `compiler` (a backend, or its CUDA graphs variant) with the
+        options the user gave `backend` and the chain's retries, timeout and strictness."""
+        return try_backend(
+            compiler,
+            gm,
+            inputs,
+            reference,
+            options=self.options.get(backend.name, {}),
+            max_retries=self.max_retries,
+            timeout_s=self.compile_timeout_s,
+            strict=self.strict,
+        )
 
     def _judge_speed(
         self,
@@ -346,18 +358,7 @@ class Chain:
             if (refusal := self.graphs.refusal(variant, why_not)) is not None:
                 attempts.append(refusal)
             return None
-        attempt, fn = self.graphs.tried(
-            *try_backend(
-                variant,
-                gm,
-                inputs,
-                reference,
-                options=self.options.get(backend.name, {}),
-                max_retries=self.max_retries,
-                timeout_s=self.compile_timeout_s,
-                strict=self.strict,
-            )
-        )
+        attempt, fn = self.graphs.tried(*self._try(variant, backend, gm, inputs, reference))
         if fn is None or self.mode == "fastest":
             attempts.append(attempt)
             if fn is not None:

@@ -36,7 +36,10 @@ def _bert() -> nn.Module:
 def _gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2Model
 
-    config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, use_cache=False)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, use_cache=False,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
     return GPT2Model(config)
 
 
