@@ -15,7 +15,7 @@ from torch import fx
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo, recompiles
-from chain.attempt import Reference, dynamo_signal, failed_attempt, one_line, try_backend
+from chain.attempt import Reference, dynamo_signal, one_line, try_backend
 from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
@@ -25,13 +25,10 @@ from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
 from chain.resolve import BackendSpec, resolve
-from chain.timing import Timing, TimingError, measure
+from chain.speed import EAGER, EAGER_REF, SpeedRules
+from chain.timing import Timing
 
 log = logging.getLogger("chain")
-
-_EAGER_REF = "<eager reference>"
-EAGER = "eager"  # the floor's name in reports: eager runs a graph no backend runs faster
-EAGER_BIAS = 0.99  # a compiler must beat eager by 1% to win in "fastest" mode: noise never does
 
 
 class AllCandidatesFailed(RuntimeError):
@@ -93,6 +90,13 @@ class Chain:
         self.report_path = os.fspath(path) if path else None
         self.report = Report()
         self.name = f"chain({', '.join(names)})"
+
+    @property
+    def speed(self) -> SpeedRules:
+        """The speed rules under this chain's options (chain.speed)."""
+        return SpeedRules(
+            self.eager_floor, self.min_speedup, self.measure, self.strict, self.measure_budget_s
+        )
 
     def __repr__(self) -> str:
         names = ", ".join(repr(b.name) for b in self.backends)
@@ -264,30 +268,30 @@ class Chain:
                 fn = None
             if fn is not None and self._timed(reference) and self.mode == "first":
                 # timed at once: a candidate that fails while timed leaves room for the next
-                [attempt], timings = self._measure(
-                    [attempt], {backend.name: fn}, gm, inputs, reference
+                [attempt], timings = self.speed.time([attempt], {backend.name: fn}, gm, reference)
+                eager = timings[EAGER_REF]
+                attempt, fn = self.speed.judge(
+                    attempt, fn, self._last(backend), timings, slow, floored
                 )
-                eager = timings[_EAGER_REF]
-                attempt, fn = self._judge_speed(attempt, fn, backend, timings, slow, floored)
             if fn is not None:
                 passed[backend.name] = fn
             attempts.append(mark(attempt))
             verified = fn is not None or backend.name in slow or backend.name in floored
             if verified and not attempts[-1].cuda_graphs:
-                speed = (slow, floored)
+                lost = (slow, floored)
                 timed = self._try_graphed(
-                    backend, gm, inputs, reference, why_not_graphs, attempts, passed, speed
+                    backend, gm, inputs, reference, why_not_graphs, attempts, passed, lost
                 )
                 eager = timed or eager
         if self._timed(reference) and passed and self.mode == "fastest":
-            attempts, timings = self._measure(attempts, passed, gm, inputs, reference)
-            eager = timings.get(_EAGER_REF)
+            attempts, timings = self.speed.time(attempts, passed, gm, reference)
+            eager = timings.get(EAGER_REF)
         if self.mode == "fastest":
-            attempts = self._pick_fastest(attempts, eager)
+            attempts = self.speed.pick_fastest(attempts, eager)
         elif not passed:
-            attempts = self._rescue_slower(attempts, slow, passed)
-        if self._floor_needed(attempts):
-            attempts.append(self._floor_attempt(eager))
+            attempts = self.speed.rescue_slower(attempts, slow, passed)
+        if self.speed.floor_needed(attempts):
+            attempts.append(self.speed.floor_attempt(eager))
             passed[EAGER] = gm.forward
         return attempts, passed, eager
 
@@ -312,29 +316,6 @@ class Chain:
             strict=self.strict,
         )
 
-    def _judge_speed(
-        self,
-        attempt: Attempt,
-        fn: Callable[..., Any],
-        backend: Backend,
-        timings: dict[str, Timing],
-        slow: dict[str, Callable[..., Any]],
-        floored: dict[str, Callable[..., Any]],
-    ) -> tuple[Attempt, Callable[..., Any] | None]:
-        """`first` mode, a timed candidate: it wins, or is `slower` (below the eager floor:
-        into `floored`; below min_speedup: into `slow`, for the rescue), or failed while timed.
-        """
-        if attempt.status is not Status.WON:
-            return attempt, None
-        if reason := self._below_floor(attempt.backend, timings):
-            floored[attempt.backend] = fn
-            return dataclasses.replace(attempt, status=Status.SLOWER, reason=reason), None
-        if self._too_slow(attempt, backend):
-            slow[attempt.backend] = fn
-            reason = f"{attempt.speedup:.2f}x over eager < min_speedup {self.min_speedup}"
-            return dataclasses.replace(attempt, status=Status.SLOWER, reason=reason), None
-        return attempt, fn
-
     def _try_graphed(
         self,
         backend: Backend,
@@ -344,12 +325,12 @@ class Chain:
         why_not: tuple[Status, str] | None,
         attempts: list[Attempt],
         passed: dict[str, Callable[..., Any]],
-        speed: tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]],
+        lost: tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]],
     ) -> Timing | None:
         """The `cuda_graphs` stage for one verified candidate (see chain.graphs).
 
         Appends the variant's attempt; returns eager's timing when it timed eager anew.
-        `speed` holds the candidates that lost on speed: (below min_speedup, below eager).
+        `lost` holds the candidates that lost on speed: (below min_speedup, below eager).
         """
         variant = self.graphs.variant(backend)
         if variant is None:
@@ -367,22 +348,20 @@ class Chain:
         plain, eager = attempts.pop(), None
         if backend.name not in passed:  # plain lost on speed: the variant is timed on its own
             if self._timed(reference):
-                [attempt], timings = self._measure(
-                    [attempt], {variant.name: fn}, gm, inputs, reference
-                )
-                eager = timings[_EAGER_REF]
-                attempt, fn = self._judge_speed(attempt, fn, backend, timings, *speed)
+                [attempt], timings = self.speed.time([attempt], {variant.name: fn}, gm, reference)
+                eager = timings[EAGER_REF]
+                attempt, fn = self.speed.judge(attempt, fn, self._last(backend), timings, *lost)
             if fn is not None:
                 passed[variant.name] = fn
             attempts += [plain, attempt]
             return eager
         if self._timed(reference):
             fns = {backend.name: passed[backend.name], variant.name: fn}
-            pair, timings = self._measure([plain, attempt], fns, gm, inputs, reference)
-            eager = timings[_EAGER_REF]
+            pair, timings = self.speed.time([plain, attempt], fns, gm, reference)
+            eager = timings[EAGER_REF]
             plain, attempt = pair
             if attempt.status is Status.WON and (
-                reason := self._below_floor(attempt.backend, timings)
+                reason := self.speed.below_floor(attempt.backend, timings)
             ):
                 attempt = dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
         plain, attempt = prefer_graphed(plain, attempt)
@@ -393,154 +372,13 @@ class Chain:
         attempts += [plain, attempt]
         return eager
 
+    def _last(self, backend: Backend) -> bool:
+        """The chain's last backend: exempt from min_speedup (it is the last resort)."""
+        return backend is self.backends[-1]
+
     def _timed(self, reference: Reference) -> bool:
         """Whether candidates are timed: measure=True and the graph can be run here."""
         return self.measure and reference.runnable
-
-    def _measure(
-        self,
-        attempts: list[Attempt],
-        fns: dict[str, Callable[..., Any]],
-        gm: fx.GraphModule,
-        inputs: list[Any],
-        reference: Reference,
-    ) -> tuple[list[Attempt], dict[str, Timing]]:
-        """Time eager and `fns` in one run; fill in latency, spread and speedup.
-
-        A candidate that raises while timed becomes a runtime_error and leaves `fns`. One
-        that returned `gm.forward` itself (the "eager" backend) is the reference: it takes
-        the reference's timing rather than a second, noisy one of the same function.
-        """
-        same = [k for k, f in fns.items() if f == gm.forward]  # bound methods compare equal
-        while True:
-            try:
-                timings = measure(
-                    {_EAGER_REF: gm.forward, **{k: f for k, f in fns.items() if k not in same}},
-                    reference.inputs(),
-                    baseline=_EAGER_REF,
-                    budget_s=self.measure_budget_s,
-                )
-                break
-            except TimingError as err:
-                if err.name not in fns or self.strict:
-                    raise err.exc from None
-                del fns[err.name]
-                attempts = [
-                    failed_attempt(
-                        a.backend,
-                        Status.RUNTIME_ERROR,
-                        err.exc,
-                        reason_prefix="while timed: ",
-                        compile_s=a.compile_s,
-                        details=a.details,
-                    )
-                    if a.backend == err.name
-                    else a
-                    for a in attempts
-                ]
-        timings.update({k: timings[_EAGER_REF] for k in same})
-        return [
-            dataclasses.replace(
-                a,
-                latency_ms=timings[a.backend].median_ms,
-                spread_ms=timings[a.backend].spread_ms,
-                speedup=timings[a.backend].speedup,
-            )
-            if a.backend in fns
-            else a
-            for a in attempts
-        ], timings
-
-    def _below_floor(self, name: str, timings: dict[str, Timing]) -> str | None:
-        """Why a passing backend loses to eager: measurably slower (ties are not losses)."""
-        timing, eager = timings[name], timings[_EAGER_REF]
-        if not self.eager_floor or name == EAGER or not timing.slower:
-            return None
-        return (
-            f"measurably slower than eager: {timing.describe()} vs eager "
-            f"{eager.median_ms:.3f} ± {eager.spread_ms:.3f} ms"
-        )
-
-    def _too_slow(self, attempt: Attempt, backend: Backend) -> bool:
-        if self.min_speedup is None or attempt.speedup is None:
-            return False
-        return attempt.speedup < self.min_speedup and backend is not self.backends[-1]
-
-    def _pick_fastest(self, attempts: list[Attempt], eager: Timing | None) -> list[Attempt]:
-        """Among passing attempts the fastest wins; eager wins unless beaten by 1%.
-
-        With the floor (the default), eager competes whether or not the chain names it.
-        """
-        passing = [a for a in attempts if a.status is Status.WON]
-        if not passing:
-            return attempts
-        best: Attempt | None = min(passing, key=lambda a: a.latency_ms or float("inf"))
-        named = next((a for a in passing if a.backend == EAGER), None)
-        eager_ms = named.latency_ms if named is not None else None
-        if self.eager_floor and eager is not None:
-            eager_ms = eager.median_ms
-        if (
-            best is not None
-            and best is not named
-            and eager_ms is not None
-            and (best.latency_ms or 0) > EAGER_BIAS * eager_ms
-        ):
-            best = named  # None: the floor, which _run_candidates appends
-        against = (
-            f"{best.latency_ms:.3f} ms for {best.backend}"
-            if best is not None
-            else f"eager's {eager_ms:.3f} ms (a backend must beat eager by 1%)"
-        )
-        return [
-            a
-            if a is best or a.status is not Status.WON
-            else dataclasses.replace(
-                a,
-                status=Status.SLOWER,
-                reason=f"{a.latency_ms:.3f} ± {a.spread_ms or 0:.3f} ms vs {against}",
-            )
-            for a in attempts
-        ]
-
-    def _rescue_slower(
-        self,
-        attempts: list[Attempt],
-        slow: dict[str, Callable[..., Any]],
-        passed: dict[str, Callable[..., Any]],
-    ) -> list[Attempt]:
-        """No candidate reached min_speedup: the fastest that passed verification wins anyway
-        (among those not measurably slower than eager: the others lost to the floor)."""
-        candidates = [a for a in attempts if a.backend in slow]
-        if not candidates:
-            return attempts
-        best = max(candidates, key=lambda a: a.speedup or 0.0)
-        passed[best.backend] = slow[best.backend]
-        reason = f"no backend reached min_speedup {self.min_speedup}; the fastest that passed"
-        return [
-            dataclasses.replace(a, status=Status.WON, reason=reason) if a is best else a
-            for a in attempts
-        ]
-
-    def _floor_needed(self, attempts: list[Attempt]) -> bool:
-        """Backends passed verification but all lost to eager on speed: eager runs the graph."""
-        return (
-            self.eager_floor
-            and self.measure
-            and not any(a.status is Status.WON for a in attempts)
-            and any(a.status is Status.SLOWER for a in attempts)
-            and EAGER not in {a.backend for a in attempts}
-        )
-
-    def _floor_attempt(self, eager: Timing | None) -> Attempt:
-        """Eager as the floor: it runs the graph because no backend of the chain beat it."""
-        return Attempt(
-            EAGER,
-            Status.WON,
-            "the floor: no backend of the chain beat eager (eager_floor=False to opt out)",
-            latency_ms=eager.median_ms if eager else None,
-            spread_ms=eager.spread_ms if eager else None,
-            speedup=1.0 if eager else None,
-        )
 
     def _finish(
         self, record: GraphRecord, attempts: tuple[Attempt, ...], eager: Timing | None
