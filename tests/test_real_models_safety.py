@@ -139,6 +139,29 @@ def test_a_fixed_shape_backend_is_unsupported_on_a_dynamic_graph() -> None:
     assert eager.status is Status.WON
 
 
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_dynamic_false_keeps_a_fixed_shape_backend_at_every_length(dynamic: bool | None) -> None:
+    """Dynamo's automatic dynamic shapes hand the second length over symbolic: a fixed-shape
+    backend then declines it. With torch.compile(dynamic=False) each length is a static
+    graph, and the fixed-shape backend wins all three (as the README says)."""
+    with registry.snapshot():
+
+        @registry.register("fixed_only", dynamic=False)
+        def fixed_only(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+            return gm.forward
+
+        c = chain.chain("fixed_only", "eager", eager_floor=False)
+        compiled = torch.compile(pairs, backend=c, dynamic=dynamic)
+        for length in (8, 12, 16):
+            x = torch.randn(4, length)
+            torch.testing.assert_close(compiled(x), pairs(x))
+    if dynamic is False:
+        assert winners(c) == ["fixed_only"] * 3
+    else:  # the third length reuses the dynamic graph
+        assert winners(c) == ["fixed_only", "eager"]
+        assert c.report.graphs[1].attempts[0].reason.startswith("dynamic shapes: fixed_only")
+
+
 def test_cudagraphs_and_tensorrt_declare_fixed_shapes() -> None:
     assert not registry.lookup("cudagraphs").dynamic
     assert not registry.lookup("tensorrt").dynamic
