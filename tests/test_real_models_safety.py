@@ -38,13 +38,13 @@ def no_failures(c: chain.Chain) -> None:
 # -- transformers models at three shapes ------------------------------------------------
 
 
-def run_shapes(name: str, backend: Any) -> None:
+def run_shapes(name: str, backend: Any, device: str = "cpu", dynamic: bool | None = None) -> None:
     """Call the compiled model at its three shapes: each output as eager's."""
-    model = zoo.build(name)
-    compiled = torch.compile(model, backend=backend)
+    model = zoo.build(name).to(device)
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     with torch.inference_mode():
         for shape in range(3):
-            args = zoo.inputs(name, shape)
+            args = tuple(x.to(device) for x in zoo.inputs(name, shape))
             torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
 
 
@@ -66,6 +66,25 @@ def test_onnxruntime_runs_each_transformers_model_at_three_shapes(name: str) -> 
     dynamic = [g for g in c.report.graphs if any("dynamic:" in n for n in g.notes)]
     assert dynamic, "the second shape gives a dynamic graph"
     assert {g.winner for g in dynamic} == {"onnxruntime"}
+
+
+@pytest.mark.cuda
+@needs_transformers
+@pytest.mark.parametrize("dynamic", [None, False], ids=["automatic", "static"])
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_cudagraphs_takes_each_static_graph_on_a_gpu(name: str, dynamic: bool | None) -> None:
+    """On CUDA, cudagraphs runs the first length and declines the symbolic graph dynamo
+    makes at the second; with dynamic=False it runs all three lengths."""
+    c = chain.chain("cudagraphs", "eager", measure=False)
+    run_shapes(name, c, "cuda", dynamic)
+    no_failures(c)
+    first = [g.attempts[0] for g in c.report.graphs]
+    assert {a.backend for a in first} == {"cudagraphs"}
+    if dynamic is False:
+        assert [a.status for a in first] == [Status.WON] * 3
+    else:
+        assert [a.status for a in first] == [Status.WON, Status.UNSUPPORTED]
+        assert first[1].reason.startswith("dynamic shapes: cudagraphs")
 
 
 # -- dynamic=True ----------------------------------------------------------------------
