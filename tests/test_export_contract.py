@@ -17,15 +17,7 @@ import torch
 from torch import fx
 
 import chain
-from backends.common.parts import (
-    WHOLE,
-    ExportedParts,
-    ExportRequest,
-    Part,
-    Runner,
-    as_single_call,
-    flat_outputs,
-)
+from backends.common import parts
 from backends.common.payload import Header, PayloadError, TensorSpec, digest, pack, to_tensor
 from backends.registry import registry
 from chain.deploy import cache_info, clear_cache
@@ -41,7 +33,7 @@ def toy_compile(gm: fx.GraphModule, example_inputs: list[Any], **_: Any) -> Any:
     return torch.jit.trace(gm, tuple(example_inputs), check_trace=False)
 
 
-def toy_exporter(request: ExportRequest) -> ExportedParts | None:
+def toy_exporter(request: parts.ExportRequest) -> parts.ExportedParts | None:
     """The whole graph as one part whose body is the saved script."""
     if not request.won:
         return None
@@ -49,7 +41,7 @@ def toy_exporter(request: ExportRequest) -> ExportedParts | None:
     torch.jit.save(request.compiled, buffer)
     body = buffer.getvalue()
     with torch.no_grad():
-        outputs, _ = flat_outputs(request.gm(*request.flat_inputs))
+        outputs, _ = parts.flat_outputs(request.gm(*request.flat_inputs))
     n = len(request.flat_inputs)
     header = Header(
         backend="toy",
@@ -59,8 +51,8 @@ def toy_exporter(request: ExportRequest) -> ExportedParts | None:
         output_names=tuple(f"out{i}" for i in range(len(outputs))),
         outputs=tuple(TensorSpec.of(t) for t in outputs),
     )
-    part = Part(
-        name=WHOLE,
+    part = parts.Part(
+        name=parts.WHOLE,
         header=header,
         body=body,
         input_positions=tuple(range(n)),
@@ -68,10 +60,12 @@ def toy_exporter(request: ExportRequest) -> ExportedParts | None:
         example_inputs=request.flat_inputs,
         expected=tuple(outputs),
     )
-    return ExportedParts(as_single_call(request.gm), {WHOLE: part}, "export: one toy script")
+    return parts.ExportedParts(
+        parts.as_single_call(request.gm), {parts.WHOLE: part}, "export: one toy script"
+    )
 
 
-def toy_loader(header: Header, body: bytes, device: torch.device) -> Runner:
+def toy_loader(header: Header, body: bytes, device: torch.device) -> parts.Runner:
     """The saved script, loaded once per payload."""
     LOADED.append(header.sha256)
     script = torch.jit.load(io.BytesIO(body), map_location=device)

@@ -138,6 +138,7 @@ def _torch_onnx_export(
         from torch.onnx._internal.exporter import _constants, _core, _registration
     except ImportError:
         _core = None
+    same = {"optimize": True, "verbose": False, "report": False}  # both entries take these
     if _core is None or not hasattr(_registration.ONNXRegistry, "from_torchlib"):
         return torch.onnx.export(
             module,
@@ -146,9 +147,7 @@ def _torch_onnx_export(
             dynamic_shapes=dynamic_shapes,
             opset_version=opset,
             external_data=False,
-            optimize=True,
-            verbose=False,
-            report=False,
+            **same,
         )
     opset = opset or onnx_constants.ONNX_DEFAULT_OPSET
     registry_opset = max(opset, _constants.TORCHLIB_OPSET)
@@ -163,10 +162,8 @@ def _torch_onnx_export(
         {},
         registry=_REGISTRIES[registry_opset],
         dynamic_shapes=dynamic_shapes,
-        optimize=True,
-        verbose=False,
-        report=False,
         opset_version=opset,
+        **same,
     )
 
 

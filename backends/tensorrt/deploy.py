@@ -14,17 +14,9 @@ from typing import Any
 
 import torch
 
+from backends.common import payload
 from backends.common.fx_utils import calls_of, record_calls
 from backends.common.parts import ExportedParts, ExportRequest, Part, Runner, flat_outputs
-from backends.common.payload import (
-    GPU_EXTRA,
-    Header,
-    PayloadMismatch,
-    RuntimeMissing,
-    TensorSpec,
-    digest,
-    installed_version,
-)
 from backends.tensorrt.runtime.compiled import CompiledGraph
 from backends.tensorrt.runtime.engine_module import TensorRTEngineModule
 
@@ -58,13 +50,13 @@ def export_parts(request: ExportRequest) -> ExportedParts | None:
         args, out = calls[name]
         outputs, _ = flat_outputs(out)
         gpu, capability = gpu_facts(args[0].device if args else torch.device("cuda"))
-        header = Header(
+        header = payload.Header(
             backend=NAME,
             version=version,
-            sha256=digest(module.serialized),
+            sha256=payload.digest(module.serialized),
             input_names=module.input_names,
             output_names=module.output_names,
-            outputs=tuple(TensorSpec.of(t) for t in outputs),
+            outputs=tuple(payload.TensorSpec.of(t) for t in outputs),
             device="cuda",
             gpu=gpu,
             compute_capability=capability,
@@ -82,38 +74,38 @@ def export_parts(request: ExportRequest) -> ExportedParts | None:
 
 
 def check_tensorrt(
-    header: Header, installed: str | None, gpu: str | None, capability: str | None
+    header: payload.Header, installed: str | None, gpu: str | None, capability: str | None
 ) -> None:
     """Engines run only with the TensorRT version and the GPU model that built them."""
     if installed is None:
-        raise RuntimeMissing(
+        raise payload.RuntimeMissing(
             f"this program has a TensorRT engine built with {header.describe()}, and tensorrt "
-            f"is not installed: {GPU_EXTRA}"
+            f"is not installed: {payload.GPU_EXTRA}"
         )
     if gpu is None:
-        raise RuntimeMissing(
+        raise payload.RuntimeMissing(
             f"this program has a TensorRT engine built with {header.describe()}, and there is "
             "no CUDA device here (torch.cuda.is_available() is False)"
         )
     if installed != header.version:
-        raise PayloadMismatch(
+        raise payload.PayloadMismatch(
             f"TensorRT engine built with TensorRT {header.version}, this process has "
             f"{installed}: engines do not move across TensorRT versions; install "
             f"tensorrt=={header.version} or export again here"
         )
     if header.gpu is not None and (gpu != header.gpu or capability != header.compute_capability):
-        raise PayloadMismatch(
+        raise payload.PayloadMismatch(
             f"TensorRT engine built on {header.gpu} (sm {header.compute_capability}), this "
             f"device is {gpu} (sm {capability}): export again on this GPU"
         )
 
 
-def load_payload(header: Header, body: bytes, device: torch.device) -> Runner:
+def load_payload(header: payload.Header, body: bytes, device: torch.device) -> Runner:
     """The loader hook: a deserialized engine behind the engine module (GPU only)."""
     gpu = capability = None
     if torch.cuda.is_available():
         gpu, capability = gpu_facts(device)
-    check_tensorrt(header, installed_version("tensorrt"), gpu, capability)
+    check_tensorrt(header, payload.installed_version("tensorrt"), gpu, capability)
     module = TensorRTEngineModule(body, header.input_names, header.output_names, True)
     module.load()  # deserialize now: a bad engine fails here, once, not mid-run
 
