@@ -68,6 +68,18 @@ def test_onnxruntime_runs_each_transformers_model_at_three_shapes(name: str) -> 
     assert {g.winner for g in dynamic} == {"onnxruntime"}
 
 
+@needs_transformers
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_inductor_runs_a_transformers_model_at_three_shapes(name: str) -> None:
+    """Inductor compiles the static first graph and the dynamic second one; both verified."""
+    c = chain.chain("inductor", "eager", eager_floor=False)
+    run_shapes(name, c)
+    no_failures(c)
+    assert winners(c) == ["inductor", "inductor"]
+    assert any("dynamic:" in n for n in c.report.graphs[1].notes)
+    assert all(g.attempts[0].error is not None for g in c.report.graphs)  # verified
+
+
 @pytest.mark.cuda
 @needs_transformers
 @pytest.mark.parametrize("dynamic", [None, False], ids=["automatic", "static"])
