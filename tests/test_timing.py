@@ -88,11 +88,19 @@ def test_named_eager_wins_over_a_slower_backend_in_first_mode() -> None:
 
 
 def test_a_tie_is_not_a_loss() -> None:
+    """A copy of eager is not measurably slower than eager. A statistical rule on a shared
+    machine: a burst of load can still tip one measurement, never three in a row."""
     model, args = build("mlp")
-    backend = chain(faults.twin, measure_budget_s=0.3)
-    compile_and_check(model, args, backend)
-    [twin] = backend.report.graphs[0].attempts
-    assert twin.status is Status.WON, twin.reason
+    reasons = []
+    for _ in range(3):
+        torch._dynamo.reset()
+        backend = chain(faults.twin, measure_budget_s=0.3)
+        compile_and_check(model, args, backend)
+        twin = backend.report.graphs[0].attempts[0]  # on a loss the floor follows it
+        if twin.status is Status.WON:
+            break
+        reasons.append(twin.reason)
+    assert twin.status is Status.WON, reasons
     assert twin.speedup is not None and twin.spread_ms is not None
 
 
