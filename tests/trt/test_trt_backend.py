@@ -118,7 +118,8 @@ def test_chain_records_unavailable_and_runs_eager(name: str) -> None:
 def test_engines_build_run_and_match_eager(name: str, tmp_path: Path) -> None:
     model, args = build(name)
     model, args = model.cuda(), tuple(a.cuda() for a in args)
-    b = chain("tensorrt", "eager", options={"tensorrt": {"cache_dir": str(tmp_path)}})
+    options = {"tensorrt": {"cache_dir": str(tmp_path)}}
+    b = chain("tensorrt", "eager", options=options, eager_floor=False)  # small: eager may be faster
     compile_and_check(model, args, b, rtol=1e-3, atol=1e-3)
     (record,) = b.report.graphs
     won = record.attempts[0]
