@@ -6,9 +6,8 @@ A backend that cannot take a graph raises `backends.errors.Unsupported(reason)`;
 exception is a real failure. A backend never mutates the `gm` it is given. A backend that
 compiles for fixed shapes declares `dynamic=False`: given a graph with symbolic sizes
 (dynamo's dynamic shapes) it is `Unsupported` ("dynamic shapes: ...") before it runs. A
-backend may
-declare a `graphed` hook, the same compiler with its result run under CUDA graphs, which
-the chain's `cuda_graphs` stage tries as a variant (`<name>+graphs`).
+backend may declare a `graphed` hook, the same compiler with its result run under CUDA
+graphs, which the chain's `cuda_graphs` stage tries as a variant (`<name>+graphs`).
 
 A compiled callable may carry `chain_details: dict` (JSON-able facts for the report:
 partition counts, fallback reasons, cache hits, providers), which the chain copies into

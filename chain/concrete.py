@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+from backends.common.fx_utils import SYMBOLIC
+
 _KINDS = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 
 
@@ -33,7 +34,7 @@ def concretize(example_inputs: Sequence[Any]) -> Concrete:
     values: list[Any] = []
     symbolic = 0
     for i, value in enumerate(example_inputs):
-        if not isinstance(value, _SYMBOLIC):
+        if not isinstance(value, SYMBOLIC):
             values.append(value)
             continue
         symbolic += 1
