@@ -24,6 +24,7 @@ from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
+from chain.report_file import ReportFile
 from chain.resolve import BackendSpec, resolve
 from chain.speed import EAGER, EAGER_REF, SpeedRules
 from chain.timing import Timing
@@ -88,6 +89,7 @@ class Chain:
         self.graphs = GraphsStage(cuda_graphs, self.backends)
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
+        self.report_file = ReportFile(self.report_path) if self.report_path else None
         self.report = Report()
         self.name = f"chain({', '.join(names)})"
 
@@ -393,6 +395,6 @@ class Chain:
             eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,
         )
         self.report.graphs[record.id] = record
-        if self.report_path:
-            self.report.save(self.report_path)
+        if self.report_file is not None:  # a failed write is a warning (chain.report_file)
+            self.report_file.write(self.report)
         return record
