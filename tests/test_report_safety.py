@@ -302,3 +302,21 @@ def test_options_at_their_bounds_are_accepted() -> None:
         min_speedup=1000,
     )
     assert backend.options["onnxruntime"] == {"intra_op_num_threads": 4 * CORES}
+
+
+def test_every_chain_and_declared_backend_option_refuses_huge_and_infinite_values() -> None:
+    """A guard for options added later: each one's check has an upper bound (or a type)."""
+    from backends.errors import InvalidOption
+    from backends.options import BadValue
+    from backends.registry import registry
+    from chain.options import CHAIN_OPTIONS
+
+    for value in (10**15, float("inf")):
+        for name, check in CHAIN_OPTIONS.items():
+            with pytest.raises(BadValue):
+                check(value)
+                pytest.fail(f"chain option {name} accepts {value}")
+        for backend in map(registry.lookup, ("onnxruntime", "tensorrt")):
+            for name in backend.options or ():
+                with pytest.raises(InvalidOption, match=name):
+                    backend.check_options({name: value})
