@@ -320,3 +320,24 @@ def test_every_chain_and_declared_backend_option_refuses_huge_and_infinite_value
             for name in backend.options or ():
                 with pytest.raises(InvalidOption, match=name):
                     backend.check_options({name: value})
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--threads", 10**6, f"<= {4 * CORES}"),
+        ("--repeats", 10**9, "<= 10000"),
+        ("--warmup", 10**9, "<= 1000"),
+        ("--batch-size", 10**9, "<= 4096"),
+    ],
+)
+def test_bench_flags_are_bounded(
+    flag: str, value: int, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from chain.bench.run import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args([flag, str(value)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and needle in err and str(value) in err
