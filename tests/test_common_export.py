@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import operator
-from concurrent.futures import ThreadPoolExecutor
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
