@@ -4,7 +4,8 @@
 `torch.export.save` saves the program; `chain.load(path)` loads it with checks (a whole
 file, no pickles, payloads bound to their nodes); plain `torch.export.load` works too in
 any process that imports `chain` (which registers the `backend_chain::run_payload` op).
-A backend takes part through its export hooks (`backends.common.parts`); this package knows none by name.
+A backend takes part through its export hooks (`backends.common.parts`); this package
+knows none by name.
 """
 
 from backends.common.payload import (
