@@ -11,7 +11,7 @@ from __future__ import annotations
 import backends as _backends  # noqa: F401  (registers the built-in backends)
 from chain.attempt import CompileTimeout, Mismatch
 from chain.core import AllCandidatesFailed, Chain
-from chain.deploy import CaptureError, ExportError, ExportResult, export
+from chain.deploy import CaptureError, ExportError, ExportResult, export, load
 from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report, ReportError
@@ -47,4 +47,5 @@ __all__ = [
     "default_backends",
     "export",
     "last_chain",
+    "load",
 ]
