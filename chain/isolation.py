@@ -1,0 +1,4 @@
+SNAPSHOT_BYTES = 1
+
+class WeightsDamaged(RuntimeError):
+    pass
