@@ -13,6 +13,7 @@ from chain.attempt import CompileTimeout, Mismatch
 from chain.core import AllCandidatesFailed, Chain
 from chain.deploy import CaptureError, ExportError, ExportResult, export, load
 from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
+from chain.isolation import WeightsDamaged
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report, ReportError
 
@@ -42,6 +43,7 @@ __all__ = [
     "Report",
     "ReportError",
     "Status",
+    "WeightsDamaged",
     "chain",
     "chain_for",
     "default_backends",

@@ -15,11 +15,13 @@ from torch import fx
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo, recompiles
+from chain.accuracy import reduction_lengths
 from chain.attempt import Reference, dynamo_signal, one_line, try_backend
 from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
+from chain.isolation import Isolation
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -27,6 +29,7 @@ from chain.report import Report
 from chain.resolve import BackendSpec, resolve
 from chain.speed import EAGER, EAGER_REF, SpeedRules
 from chain.timing import Timing
+from chain.verify import unchanged
 
 log = logging.getLogger("chain")
 
@@ -204,7 +207,13 @@ class Chain:
 
     def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
         """Eager's outputs and the float64 ones to verify against, and notes on what limits
-        verification. The chain runs the graph on concrete values (`chain.concrete`)."""
+        verification. The chain runs the graph on concrete values (`chain.concrete`), every
+        run on its own copies of all but the weights, which are watched (`chain.isolation`).
+
+        Nothing is copied back to `inputs`: the callable the chain returns is called by
+        dynamo (or by the guard, after a fallback) on the caller's real inputs, and that
+        one call applies the graph's writes once, as eager would.
+        """
         concrete = concretize(inputs)
         random = graphinfo.random_nodes(gm)
         unverified = None
@@ -214,28 +223,41 @@ class Chain:
             unverified = "not verified: verify=False"
         elif random:
             unverified = f"not verified: random ops ({'; '.join(map(str, random))})"
+        isolation = Isolation.of(gm, inputs)
         reference = Reference(
             outputs=None,
-            clone_inputs=graphinfo.mutates_inputs(gm),
             unverified=unverified,
             tolerances=self.tolerances,
             runs=concrete.values,
+            isolation=isolation,
+            reductions=reduction_lengths(gm),
         )
         notes = [unverified] if unverified else []
         if concrete.symbolic and concrete.values is not None:
             notes.append(
                 f"dynamic: {concrete.symbolic} symbolic size(s); run at this call's values"
             )
-        if reference.clone_inputs:
-            notes.append("mutates its inputs: eager and candidates ran on clones")
+        if graphinfo.mutates_inputs(gm):
+            notes.append("mutates its inputs: eager and candidates ran on copies")
+        if concrete.values is None:
+            return reference, notes
+        watch = isolation.watch(concrete.values)
         if not unverified:
             with torch.no_grad():
                 outputs = gm(*(ran := reference.inputs()))
+            if (weights := watch.check("eager (the reference run)")) is not None:
+                notes.append(
+                    f"eager's reference run {weights}: the chain could not see "
+                    "that this graph writes it"
+                )
             fp64, note = fp64_reference(gm, reference.inputs())
             notes += [note] if note else []
-            after = {i: ran[i] for i in reference.cloned()}
-            reference = dataclasses.replace(reference, outputs=outputs, fp64=fp64, after=after)
-        return reference, notes
+            after = {i: ran[i] for i in reference.copied() if isinstance(ran[i], torch.Tensor)}
+            wrote = frozenset(i for i, x in after.items() if not unchanged(x, concrete.values[i]))
+            reference = dataclasses.replace(
+                reference, outputs=outputs, fp64=fp64, after=after, wrote=wrote
+            )
+        return dataclasses.replace(reference, watch=watch), notes
 
     # -- candidates ---------------------------------------------------------------------
 
