@@ -19,6 +19,12 @@ def _report(args: argparse.Namespace) -> int:
     except ReportError as e:
         print(f"chain: error: {e}", file=sys.stderr)
         return 2
+    if args.format == "html":
+        if not args.output:
+            print("chain: error: --format html needs -o FILE", file=sys.stderr)
+            return 2
+        print(f"wrote {report.save_html(args.output)}")
+        return 0
     if args.format == "json":
         data = report.to_dict()
         if args.failures:
@@ -53,7 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="print a saved report (JSON written by Report.save)")
     rep.add_argument("file")
-    rep.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table")
+    rep.add_argument(
+        "--format", choices=("table", "markdown", "csv", "json", "html"), default="table"
+    )
+    rep.add_argument("-o", "--output", metavar="FILE", help="where --format html writes the page")
     rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
     sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")
