@@ -20,6 +20,7 @@ from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
+from chain.look import trace
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -393,6 +394,7 @@ class Chain:
             eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,
         )
         self.report.graphs[record.id] = record
+        trace.emit(record)  # TORCH_TRACE: the decision beside dynamo's entries (chain.look)
         if self.report_path:
             self.report.save(self.report_path)
         return record
