@@ -41,6 +41,27 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _repro(args: argparse.Namespace) -> int:
+    from chain.look.repro import ReproError, write
+
+    try:
+        sizes = dict(_size(s) for s in args.size)
+        report = Report.load(args.file)
+        script = write(report, args.graph, args.backend, args.output, sizes, args.file)
+    except (ReportError, ReproError) as e:
+        print(f"chain: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {script}: python {script}")
+    return 0
+
+
+def _size(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    if not value.isdigit():
+        raise ReportError(f"--size {text!r}: expected NAME=INTEGER, e.g. s0=8")
+    return name, int(value)
+
+
 def _bench(argv: Sequence[str]) -> int:
     from chain.bench.run import main as bench_main
 
@@ -64,10 +85,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rep.add_argument("-o", "--output", metavar="FILE", help="where --format html writes the page")
     rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
+    rep = sub.add_parser("repro", help="write a standalone repro of one backend on one graph")
+    rep.add_argument("file")
+    rep.add_argument("graph", type=int)
+    rep.add_argument("backend")
+    rep.add_argument("-o", "--output", metavar="DIR", required=True)
+    rep.add_argument(
+        "--size", action="append", default=[], metavar="NAME=N", help="a symbolic size's value"
+    )
     sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")
     args = parser.parse_args(argv)
-    return _report(args)
+    return _repro(args) if args.command == "repro" else _report(args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
-from chain.look import trace
+from chain.look import capture, trace
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -129,6 +129,8 @@ class Chain:
             compile_id=compiled.compile_id,
             recompiles=self._earlier(compiled),
             recompile_reason=compiled.reason,
+            code=capture.graph_code(gm),  # for `python -m chain repro` (chain.look)
+            sources=capture.sources(self.backends),
         )
         self.report.graphs.append(record)
         try:
