@@ -20,7 +20,7 @@ from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
-from chain.look import capture, trace
+from chain.look import capture, progress, trace
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -308,16 +308,19 @@ class Chain:
     ) -> tuple[Attempt, Callable[..., Any] | None]:
         """One attempt of `compiler` (a backend, or its CUDA graphs variant) with the
         options the user gave `backend` and the chain's retries, timeout and strictness."""
-        return try_backend(
-            compiler,
-            gm,
-            inputs,
-            reference,
-            options=self.options.get(backend.name, {}),
-            max_retries=self.max_retries,
-            timeout_s=self.compile_timeout_s,
-            strict=self.strict,
-        )
+        with progress.working(
+            f"compiling and verifying {compiler.name} ({len(gm.graph.nodes)} nodes)"
+        ):
+            return try_backend(
+                compiler,
+                gm,
+                inputs,
+                reference,
+                options=self.options.get(backend.name, {}),
+                max_retries=self.max_retries,
+                timeout_s=self.compile_timeout_s,
+                strict=self.strict,
+            )
 
     def _try_graphed(
         self,
