@@ -69,6 +69,8 @@ def test_page_has_summary_timeline_and_every_attempt(report: Report, page: Path)
     recompiled = [g for g in report.graphs if g.recompiles is not None]
     assert recompiled, "the second shape should recompile"
     assert f"Recompiles graph {recompiled[0].recompiles}" in text
+    g = report.graphs[0]
+    assert f"python -m chain repro REPORT.json {g.id} wrong_numbers -o repro/" in text
     assert "Plotly.newPlot" in text  # the charts, plotly.js inlined
     assert "cdn.plot.ly" not in text.split("<body>")[1].split("<script")[0]
 

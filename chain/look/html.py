@@ -40,6 +40,7 @@ font-weight:600}
 .bar{display:inline-block;height:8px;background:#4c78a8;border-radius:2px;vertical-align:middle}
 .bar.over{background:#b42318}
 .note{background:#fff7e0;border:1px solid #f0d48a;padding:8px 12px;border-radius:6px}
+.repro{color:#5a6270;font-size:12px}
 details{margin:4px 0} summary{cursor:pointer} pre{white-space:pre-wrap;font-size:12px}
 """
 
@@ -139,11 +140,17 @@ def _error_cell(a: Attempt) -> str:
     )
 
 
+REPRODUCIBLE = (Status.UNSUPPORTED, Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.MISMATCH)
+
+
 def _attempt_rows(graph: GraphRecord) -> list[list[str]]:
     rows = []
     for a in graph.attempts:
         status = a.status.value
         reason = _e(a.reason)
+        if graph.code is not None and a.status in REPRODUCIBLE:
+            command = f"python -m chain repro REPORT.json {graph.id} {a.backend} -o repro/"
+            reason += f'<div class="repro">repro: <code>{_e(command)}</code></div>'
         if a.traceback:
             reason += f"<details><summary>traceback</summary><pre>{_e(a.traceback)}</pre></details>"
         rows.append(
