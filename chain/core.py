@@ -22,6 +22,7 @@ from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
 from chain.isolation import Isolation
+from chain.look import capture, progress, trace
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -131,6 +132,8 @@ class Chain:
             compile_id=compiled.compile_id,
             recompiles=self._earlier(compiled),
             recompile_reason=compiled.reason,
+            code=capture.graph_code(gm),  # for `python -m chain repro` (chain.look)
+            sources=capture.sources(self.backends),
         )
         self.report.graphs.append(record)
         try:
@@ -327,16 +330,19 @@ class Chain:
     ) -> tuple[Attempt, Callable[..., Any] | None]:
         """One attempt of `compiler` (a backend, or its CUDA graphs variant) with the
         options the user gave `backend` and the chain's retries, timeout and strictness."""
-        return try_backend(
-            compiler,
-            gm,
-            inputs,
-            reference,
-            options=self.options.get(backend.name, {}),
-            max_retries=self.max_retries,
-            timeout_s=self.compile_timeout_s,
-            strict=self.strict,
-        )
+        with progress.working(
+            f"compiling and verifying {compiler.name} ({len(gm.graph.nodes)} nodes)"
+        ):
+            return try_backend(
+                compiler,
+                gm,
+                inputs,
+                reference,
+                options=self.options.get(backend.name, {}),
+                max_retries=self.max_retries,
+                timeout_s=self.compile_timeout_s,
+                strict=self.strict,
+            )
 
     def _try_graphed(
         self,
@@ -415,6 +421,7 @@ class Chain:
             eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,
         )
         self.report.graphs[record.id] = record
+        trace.emit(record)  # TORCH_TRACE: the decision beside dynamo's entries (chain.look)
         if self.report_path:
             self.report.save(self.report_path)
         return record

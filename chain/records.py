@@ -122,6 +122,11 @@ class GraphRecord:
     compile_id: str | None = None  # dynamo's "frame/compile" ("0/1": frame 0, a recompile)
     recompiles: int | None = None  # the earlier graph of the same frame this one replaces
     recompile_reason: str | None = None  # dynamo's failed guard, when it says
+    # the graph module as Python source (a `Repro` nn.Module, as dynamo's minifier writes
+    # it) and where each backend that is a plain callable imports from ("module:name"):
+    # what `python -m chain repro` needs to rerun one backend on this graph elsewhere
+    code: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -145,6 +150,8 @@ class GraphRecord:
             "recompiles": self.recompiles,
             "recompile_reason": self.recompile_reason,
             "attempts": [a.to_dict() for a in self.attempts],
+            "sources": dict(self.sources),
+            "code": self.code,
         }
 
     @classmethod
@@ -166,6 +173,8 @@ class GraphRecord:
             compile_id=data.get("compile_id"),
             recompiles=None if data.get("recompiles") is None else int(data["recompiles"]),
             recompile_reason=data.get("recompile_reason"),
+            code=None if data.get("code") is None else str(data["code"]),
+            sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
         )
 
     def __str__(self) -> str:
