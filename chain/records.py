@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from chain.watch.stats import RunChecks
+
 
 class Status(str, Enum):
     """What happened to one backend on one graph; one vocabulary for report, CLI and tests.
@@ -122,6 +124,7 @@ class GraphRecord:
     compile_id: str | None = None  # dynamo's "frame/compile" ("0/1": frame 0, a recompile)
     recompiles: int | None = None  # the earlier graph of the same frame this one replaces
     recompile_reason: str | None = None  # dynamo's failed guard, when it says
+    watch: RunChecks | None = None  # what the run-time checks did (chain.watch); live counts
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -144,6 +147,7 @@ class GraphRecord:
             "compile_id": self.compile_id,
             "recompiles": self.recompiles,
             "recompile_reason": self.recompile_reason,
+            "watch": self.watch.to_dict() if self.watch is not None else None,
             "attempts": [a.to_dict() for a in self.attempts],
         }
 
@@ -166,6 +170,7 @@ class GraphRecord:
             compile_id=data.get("compile_id"),
             recompiles=None if data.get("recompiles") is None else int(data["recompiles"]),
             recompile_reason=data.get("recompile_reason"),
+            watch=RunChecks.from_dict(data.get("watch")),
         )
 
     def __str__(self) -> str:
