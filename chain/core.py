@@ -31,6 +31,7 @@ from chain.resolve import BackendSpec, resolve
 from chain.speed import EAGER, EAGER_REF, SpeedRules
 from chain.timing import Timing
 from chain.verify import unchanged
+from chain.watch import Demoted, Expected, RunChecks, Watch, Writes
 
 log = logging.getLogger("chain")
 
@@ -64,6 +65,8 @@ class Chain:
         tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
         eager_floor: bool = True,
         cuda_graphs: str | bool = "auto",
+        watch: bool = True,
+        reverify_rate: float = 0.01,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -90,6 +93,8 @@ class Chain:
         self.tolerances = tolerances
         self.eager_floor = eager_floor
         self.graphs = GraphsStage(cuda_graphs, self.backends)
+        self.watch = watch
+        self.reverify_rate = reverify_rate
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report = Report()
@@ -147,7 +152,48 @@ class Chain:
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
-        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner))
+        watch_for = self._watch_for(record, gm, reference)
+        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner), watch_for)
+
+    def _watch_for(
+        self, record: GraphRecord, gm: fx.GraphModule, reference: Reference
+    ) -> Callable[[str], Watch | None]:
+        """The run-time checks for each winner the graph will have (chain.watch), from what
+        selection found: eager's outputs, the inputs it wrote, whether float64 ran. The
+        counters go on the graph's record."""
+        stats = RunChecks(reverify_rate=self.reverify_rate if self.watch else 0.0)
+        expected, writes = None, None
+        if reference.runs is not None and reference.after:
+            writes = Writes.found(reference.runs, reference.after)
+        if not self.watch:
+            stats.unchecked.append("run-time checks off: watch=False")
+        elif reference.outputs is None or reference.runs is None:
+            stats.unchecked.append(f"no run-time checks: {reference.unverified}")
+        else:
+            ran = [reference.after.get(i, x) for i, x in enumerate(reference.runs)]
+            watched = [
+                i
+                for i, x in enumerate(reference.runs)
+                if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
+            ]
+            expected = Expected(gm, ran, reference.outputs, watched)
+            stats.unchecked += expected.unchecked
+        self.report.graphs[record.id] = dataclasses.replace(record, watch=stats)
+
+        def watch_for(winner: str) -> Watch | None:
+            if base_name(winner) == EAGER or (expected is None and writes is None):
+                return None  # eager is the reference itself: nothing to check it against
+            return Watch(
+                gm,
+                expected,
+                writes,
+                stats,
+                reverify_rate=self.reverify_rate if expected is not None else 0.0,
+                tolerances=self.tolerances,
+                fp64=reference.fp64 is not None,
+            )
+
+        return watch_for
 
     def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
         """The graph a recompile replaces: the latest one compiled from the same frame."""
@@ -177,11 +223,13 @@ class Chain:
         failed_name = record.winner or self.backend_name(guard.backend_index)
         if self.strict:
             raise exc
+        demoted = isinstance(exc, Demoted)  # caught wrong by the run-time checks
         log.warning(
-            "graph %d: %s raised at run time (%s); falling back",
+            "graph %d: %s %s (%s); falling back",
             guard.graph_id,
             failed_name,
-            one_line(exc),
+            "gave a wrong answer at run time" if demoted else "raised at run time",
+            str(exc) if demoted else one_line(exc),
         )
         inputs = list(args)
         reference, _ = self._reference(guard.gm, inputs)
@@ -191,6 +239,14 @@ class Chain:
         by_name = {a.backend: a for a in new}
         attempts = tuple(
             dataclasses.replace(
+                a,
+                status=Status.MISMATCH,
+                reason=str(exc),
+                error_type="Mismatch",
+                traceback=None,
+            )
+            if a.backend == failed_name and demoted
+            else dataclasses.replace(
                 a,
                 status=Status.RUNTIME_ERROR,
                 reason=f"at run time: {one_line(exc)}",

@@ -115,6 +115,8 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "max_retries": integer(low=0),
     "measure_budget_s": number(low=0),
     "tolerances": optional(tolerances),
+    "watch": boolean,
+    "reverify_rate": number(low=0, high=1),
 }
 
 

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from chain.watch.stats import RunChecks
+
 
 class Status(str, Enum):
     """What happened to one backend on one graph; one vocabulary for report, CLI and tests.
@@ -127,6 +129,7 @@ class GraphRecord:
     # what `python -m chain repro` needs to rerun one backend on this graph elsewhere
     code: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    watch: RunChecks | None = None  # what the run-time checks did (chain.watch); live counts
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -149,6 +152,7 @@ class GraphRecord:
             "compile_id": self.compile_id,
             "recompiles": self.recompiles,
             "recompile_reason": self.recompile_reason,
+            "watch": self.watch.to_dict() if self.watch is not None else None,
             "attempts": [a.to_dict() for a in self.attempts],
             "sources": dict(self.sources),
             "code": self.code,
@@ -175,6 +179,7 @@ class GraphRecord:
             recompile_reason=data.get("recompile_reason"),
             code=None if data.get("code") is None else str(data["code"]),
             sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+            watch=RunChecks.from_dict(data.get("watch")),
         )
 
     def __str__(self) -> str:
