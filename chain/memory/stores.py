@@ -32,7 +32,7 @@ class Store(Protocol):
 
     def get(self, key: str) -> bytes | None: ...
     def put(self, key: str, data: bytes) -> None: ...
-    def keys(self) -> Iterator[str]: ...
+    def names(self) -> Iterator[str]: ...
     def delete(self, key: str) -> bool: ...
 
 
@@ -79,7 +79,7 @@ class LocalStore:
         except OSError as e:
             raise StoreUnavailable(f"cannot write in {self.directory}: {e}") from e
 
-    def keys(self) -> Iterator[str]:
+    def names(self) -> Iterator[str]:
         if not self.directory.is_dir():
             return
         for path in sorted(self.directory.glob("*.json")):
@@ -124,7 +124,7 @@ class RedisStore:
     def put(self, key: str, data: bytes) -> None:
         self._call(lambda: self._client.set(self.PREFIX + check_key(key), data))
 
-    def keys(self) -> Iterator[str]:
+    def names(self) -> Iterator[str]:
         names = self._call(lambda: list(self._client.scan_iter(match=self.PREFIX + "*")))
         for name in sorted(names):
             text = name.decode() if isinstance(name, bytes) else str(name)
