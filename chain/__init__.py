@@ -23,7 +23,8 @@ def chain(*backends: object, **kwargs: object) -> Chain:
 
     Keyword options: mode ("first" | "fastest"), verify, measure, strict, options
     ({backend name: {option: value}}), report_path, min_speedup, compile_timeout_s,
-    max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False).
+    max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False),
+    memory (remembered decisions: True | False), store (a directory or redis:// URL).
     See the README for each.
     """
     return Chain(*backends, **kwargs)  # type: ignore[arg-type]

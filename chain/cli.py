@@ -1,4 +1,4 @@
-"""`python -m chain report FILE | demo | bench` (also the `chain` console script)."""
+"""`python -m chain report FILE | demo | bench | store` (also the `chain` console script)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["store"]:  # remembered decisions (chain.memory)
+        from chain.memory.tools import main as store_main
+
+        return store_main(argv[1:])
     if argv[:1] == ["demo"]:
         from chain.demo import main as demo_main
 
@@ -95,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")
+    sub.add_parser("store", help="remembered decisions: list, show KEY, clear (chain store -h)")
     args = parser.parse_args(argv)
     return _repro(args) if args.command == "repro" else _report(args)
 

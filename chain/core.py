@@ -23,6 +23,7 @@ from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
 from chain.isolation import Isolation
 from chain.look import capture, progress, trace
+from chain.memory import Memory, Recall, enabled_by_env, hit_note, miss_note, replay
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -67,6 +68,8 @@ class Chain:
         cuda_graphs: str | bool = "auto",
         watch: bool = True,
         reverify_rate: float = 0.01,
+        memory: bool | None = None,
+        store: str | os.PathLike[str] | None = None,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -99,6 +102,12 @@ class Chain:
         self.report_path = os.fspath(path) if path else None
         self.report = Report()
         self.name = f"chain({', '.join(names)})"
+        decides = dict(backends=names, mode=mode, verify=verify, measure=measure,
+                       min_speedup=min_speedup, eager_floor=eager_floor, cuda_graphs=cuda_graphs,
+                       options=self.options, tolerances=tolerances,
+                       compile_timeout_s=compile_timeout_s)  # fmt: skip
+        on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
+        self.memory = Memory(store, decides) if on else None
 
     @property
     def speed(self) -> SpeedRules:
@@ -123,6 +132,8 @@ class Chain:
         reference, notes = self._reference(gm, inputs)
         if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
             notes.append(note)
+        recall = self.memory.recall(gm, inputs) if self.memory else None
+        notes += recall.notes if recall else ()
         compiled = recompiles.current()
         record = GraphRecord(
             id=len(self.report.graphs),
@@ -142,12 +153,23 @@ class Chain:
         )
         self.report.graphs.append(record)
         try:
-            attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
+            hit, fn = None, None
+            if recall is not None:  # chain.memory: a remembered winner is compiled alone
+                hit, fn, record = self._recalled(gm, inputs, reference, recall, record)
+            if hit is not None:
+                attempts, eager = list(hit), None
+                fns = {a.backend: fn for a in hit if a.status is Status.WON and fn}
+            else:
+                attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
         except Exception as exc:
             if dynamo_signal(exc):  # dynamo restarts this compile: the graph never ran
                 self.report.graphs.pop()
             raise
         record = self._finish(record, tuple(attempts), eager)
+        stored = self.memory and recall and hit is None  # a selection ran: remember it
+        if stored and (note := self.memory.remember(recall, record)):  # type: ignore[union-attr]
+            record = dataclasses.replace(record, notes=(*record.notes, note))
+            self.report.graphs[record.id] = record
         winner = record.winner
         if winner is None:
             raise AllCandidatesFailed(record)
@@ -194,6 +216,40 @@ class Chain:
             )
 
         return watch_for
+
+    def _recalled(
+        self,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        recall: Recall,
+        record: GraphRecord,
+    ) -> tuple[tuple[Attempt, ...] | None, Callable[..., Any] | None, GraphRecord]:
+        """On a remembered decision: compile and verify its winner only (chain.memory).
+        Attempts None: no decision, or its winner failed now (noted; selection runs)."""
+        if (decision := recall.decision) is None:
+            return None, None, record
+        names = [b.name for b in self.backends]
+        if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
+            fresh, fn = decision.winning_attempt, gm.forward
+        elif base_name(decision.winner) in names:
+            backend = self.backends[names.index(base_name(decision.winner))]
+            variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
+            fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
+        else:
+            fresh, fn = Attempt(decision.winner, Status.UNAVAILABLE, "not in this chain"), None
+        attempts = replay(recall, fresh) if fresh is not None and fn is not None else None
+        if attempts is None:
+            failed = fresh or Attempt(decision.winner, Status.COMPILE_ERROR, "no attempt")
+            note = miss_note(recall, failed)
+            return None, None, dataclasses.replace(record, notes=(*record.notes, note))
+        record = dataclasses.replace(
+            record,
+            notes=(*record.notes, hit_note(recall)),
+            eager_ms=decision.eager_ms,
+            eager_spread_ms=decision.eager_spread_ms,
+        )
+        return attempts, fn, record
 
     def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
         """The graph a recompile replaces: the latest one compiled from the same frame."""
