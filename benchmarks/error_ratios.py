@@ -35,9 +35,19 @@ BACKENDS = {
 }
 
 
+class Sum(torch.nn.Module):
+    """One large reduction: the sum of a million values (the floor scales with its length)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum()
+
+
 def models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
-    """The tests' models with dropout and residuals, and the suite's tiny models."""
+    """The tests' models with dropout and residuals, a sum of 1e6 values, the suite's tiny
+    models."""
     out = {name: build_extra(name) for name in ("dropout_residual", "bert")}
+    torch.manual_seed(0)
+    out["sum-1e6"] = (Sum(), (torch.randn(1_000_000),))
     out["transformer"] = build("transformer")
     for name in ("bert", "gpt", "vit", "resnet", "mlp"):
         out[f"suite-{name}"] = SUITE[name].build(2, "cpu", torch.float32, tiny=True)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import backends as _backends  # noqa: F401  (registers the built-in backends)
 from chain.attempt import CompileTimeout, Mismatch
 from chain.core import AllCandidatesFailed, Chain
-from chain.deploy import CaptureError, ExportError, ExportResult, export
+from chain.deploy import CaptureError, ExportError, ExportResult, export, load
 from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
+from chain.isolation import WeightsDamaged
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report, ReportError
 
@@ -22,7 +23,8 @@ def chain(*backends: object, **kwargs: object) -> Chain:
 
     Keyword options: mode ("first" | "fastest"), verify, measure, strict, options
     ({backend name: {option: value}}), report_path, min_speedup, compile_timeout_s,
-    max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False).
+    max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False),
+    memory (remembered decisions: True | False), store (a directory or redis:// URL).
     See the README for each.
     """
     return Chain(*backends, **kwargs)  # type: ignore[arg-type]
@@ -42,9 +44,11 @@ __all__ = [
     "Report",
     "ReportError",
     "Status",
+    "WeightsDamaged",
     "chain",
     "chain_for",
     "default_backends",
     "export",
     "last_chain",
+    "load",
 ]

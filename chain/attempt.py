@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import threading
 import time
 import traceback
@@ -19,6 +20,7 @@ from torch._guards import tracing as tracing_context
 
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
+from chain.isolation import Isolation, WeightWatch, fresh_copy
 from chain.records import Attempt, Status
 from chain.verify import Verdict, compare, compare_writes
 
@@ -46,42 +48,65 @@ class Reference:
     """Eager's outputs on this call's inputs, and how to feed inputs to a candidate.
 
     `runs` are the concrete inputs the chain runs the graph on (`chain.concrete`: dynamo's
-    symbolic sizes replaced by their values; None when some size has none). When the graph
-    writes to its inputs, each run gets fresh clones and `after` holds eager's inputs after
-    its call, by position, for the candidates' writes to be checked against.
+    symbolic sizes replaced by their values; None when some size has none): the caller's
+    own tensors, never handed to a run as they are. Each run gets fresh copies of the
+    inputs `isolation` copies (every tensor but the weights the graph does not write);
+    `after` holds eager's copies after its call and `wrote` the positions eager changed,
+    for each candidate's effect on every input to be checked against; `watch` sees any
+    change a run makes to the weights it shares (`chain.isolation`).
     """
 
     outputs: Any
-    clone_inputs: bool
     unverified: str | None  # why candidates are not compared with eager (None: they are)
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None
     fp64: Any = None  # the graph's outputs in float64 (None: verified by tolerances)
     runs: tuple[Any, ...] | None = ()
+    isolation: Isolation | None = None  # None: every tensor input copied, none watched
     after: dict[int, torch.Tensor] = field(default_factory=dict)
+    wrote: frozenset[int] = frozenset()
+    watch: WeightWatch | None = None
+    reductions: tuple[int, ...] = ()  # per output: how many values it reduces over
 
     @property
     def runnable(self) -> bool:
         """Whether the chain can run the graph itself (every symbolic size has a value)."""
         return self.runs is not None
 
-    def cloned(self) -> list[int]:
-        """Positions of the inputs each run gets a fresh copy of (graphs that write in place)."""
-        if not self.clone_inputs or self.runs is None:
-            return []
-        return [
-            i
-            for i, x in enumerate(self.runs)
-            if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
-        ]
+    def copied(self) -> list[int]:
+        """Positions of the inputs each run (and each compile) gets a fresh copy of."""
+        if self.isolation is not None:
+            return list(self.isolation.copied)
+        return [i for i, x in enumerate(self.runs or ()) if isinstance(x, torch.Tensor)]
 
     def inputs(self) -> list[Any]:
-        """The inputs for one run: fresh clones of mutable ones when the graph writes in place."""
+        """The inputs for one run: fresh copies of all but the watched weights."""
         if self.runs is None:
             raise RuntimeError("the graph has symbolic sizes without values: it cannot be run")
         values = list(self.runs)
-        for i in self.cloned():
-            values[i] = values[i].clone()
+        for i in self.copied():
+            values[i] = fresh_copy(values[i])
         return values
+
+    def compile_inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
+        """What a backend compiles with: dynamo's inputs (symbolic sizes kept), with the
+        same copies a run gets, so a compiler never holds the caller's own tensors."""
+        values = list(example_inputs)
+        for i in self.copied():
+            if isinstance(values[i], torch.Tensor):
+                values[i] = fresh_copy(values[i])
+        return values
+
+    def name(self, i: int) -> str:
+        """Input `i` as the report names it: `input 3 (l_x_)`."""
+        names = self.isolation.names if self.isolation is not None else ()
+        return f"input {i} ({names[i]})" if i < len(names) else f"input {i}"
+
+    def writes_verdict(self, inputs: Sequence[Any]) -> Verdict | None:
+        """A candidate's effect on its copied inputs against eager's (`compare_writes`)."""
+        if self.runs is None:
+            return None
+        names = {i: self.name(i) for i in self.after}
+        return compare_writes(self.after, inputs, self.runs, self.wrote, names, self.tolerances)
 
 
 def dynamo_signal(exc: BaseException) -> bool:
@@ -183,11 +208,15 @@ def try_backend(
     )
     start = time.perf_counter()
     try:
-        fn = retrying(_compile, backend, gm, list(example_inputs), options, timeout_s)
-    except Exception as exc:
+        fn = retrying(
+            _compile, backend, gm, reference.compile_inputs(example_inputs), options, timeout_s
+        )
+    except (Exception, SystemExit) as exc:  # SystemExit from a backend: its failure, not ours
         if dynamo_signal(exc):
             raise
-        return _compile_failed(name, exc, time.perf_counter() - start, retrying, strict), None
+        seconds = time.perf_counter() - start
+        attempt = _compile_failed(name, exc, seconds, retrying, strict)
+        return _with_weights(attempt, reference), None
     compile_s = time.perf_counter() - start
     retries = retrying.statistics.get("attempt_number", 1) - 1
     details = dict(getattr(fn, "chain_details", None) or {})
@@ -195,7 +224,8 @@ def try_backend(
         exc = TypeError(f"backend returned {type(fn).__name__}, not a callable")
         if strict:
             raise exc
-        return failed_attempt(name, Status.COMPILE_ERROR, exc, compile_s=compile_s), None
+        attempt = failed_attempt(name, Status.COMPILE_ERROR, exc, compile_s=compile_s)
+        return _with_weights(attempt, reference), None
 
     if not reference.runnable:  # no values for its sizes: the chain cannot run the graph
         return Attempt(
@@ -204,26 +234,30 @@ def try_backend(
     try:
         with torch.no_grad():
             outputs = fn(*(inputs := reference.inputs()))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         if strict:
             raise
-        return failed_attempt(
+        attempt = failed_attempt(
             name, Status.RUNTIME_ERROR, exc, compile_s=compile_s, retries=retries, details=details
-        ), None
+        )
+        return _with_weights(attempt, reference), None
 
+    kw: dict[str, Any] = {"compile_s": compile_s, "retries": retries, "details": details}
+    if (weights := reference.watch.check(name) if reference.watch else None) is not None:
+        if strict:
+            raise Mismatch(f"{name}: {weights}")
+        return Attempt(name, Status.MISMATCH, weights, error_type="Mismatch", **kw), None
     if reference.unverified:
-        return Attempt(
-            name,
-            Status.WON,
-            reference.unverified,
-            compile_s=compile_s,
-            retries=retries,
-            details=details,
-        ), fn
-    verdict = compare(reference.outputs, outputs, reference.tolerances, fp64=reference.fp64)
+        return Attempt(name, Status.WON, reference.unverified, **kw), fn
+    verdict = compare(
+        reference.outputs,
+        outputs,
+        reference.tolerances,
+        fp64=reference.fp64,
+        reductions=reference.reductions,
+    )
     if verdict.reason is None:
-        written = {i: inputs[i] for i in reference.after}
-        verdict = compare_writes(reference.after, written, reference.tolerances) or verdict
+        verdict = reference.writes_verdict(inputs) or verdict
     if verdict.reason is not None and strict:
         raise Mismatch(f"{name}: {verdict.reason}")
     passed = verdict.reason is None
@@ -232,16 +266,23 @@ def try_backend(
         Status.WON if passed else Status.MISMATCH,
         verdict.reason or "",
         error_type=None if passed else "Mismatch",
-        compile_s=compile_s,
         max_abs_err=verdict.max_abs_err,
-        retries=retries,
-        details=details,
+        **kw,
         **_errors(verdict),
     ), fn if passed else None
 
 
+def _with_weights(attempt: Attempt, reference: Reference) -> Attempt:
+    """A failed attempt, its reason extended when the run also changed a weight (which the
+    watch restores, or raises WeightsDamaged for)."""
+    weights = reference.watch.check(attempt.backend) if reference.watch else None
+    if weights is None:
+        return attempt
+    return dataclasses.replace(attempt, reason=f"{attempt.reason}; also {weights}")
+
+
 def _compile_failed(
-    name: str, exc: Exception, seconds: float, retrying: Retrying, strict: bool
+    name: str, exc: BaseException, seconds: float, retrying: Retrying, strict: bool
 ) -> Attempt:
     """The attempt of a backend whose compile raised: unsupported, or a compile error."""
     if isinstance(exc, Unsupported):

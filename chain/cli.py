@@ -1,4 +1,4 @@
-"""`python -m chain report FILE | demo | bench` (also the `chain` console script)."""
+"""`python -m chain report FILE | demo | bench | store` (also the `chain` console script)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ def _report(args: argparse.Namespace) -> int:
     except ReportError as e:
         print(f"chain: error: {printable(str(e))}", file=sys.stderr)
         return 2
+    if args.format == "html":
+        if not args.output:
+            print("chain: error: --format html needs -o FILE", file=sys.stderr)
+            return 2
+        print(f"wrote {report.save_html(args.output)}")
+        return 0
     if args.format == "json":
         data = report.to_dict()
         if args.failures:
@@ -36,6 +42,27 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _repro(args: argparse.Namespace) -> int:
+    from chain.look.repro import ReproError, write
+
+    try:
+        sizes = dict(_size(s) for s in args.size)
+        report = Report.load(args.file)
+        script = write(report, args.graph, args.backend, args.output, sizes, args.file)
+    except (ReportError, ReproError) as e:
+        print(f"chain: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {script}: python {script}")
+    return 0
+
+
+def _size(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    if not value.isdigit():
+        raise ReportError(f"--size {text!r}: expected NAME=INTEGER, e.g. s0=8")
+    return name, int(value)
+
+
 def _bench(argv: Sequence[str]) -> int:
     from chain.bench.run import main as bench_main
 
@@ -46,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return _bench(argv[1:])
+    if argv[:1] == ["store"]:  # remembered decisions (chain.memory)
+        from chain.memory.tools import main as store_main
+
+        return store_main(argv[1:])
     if argv[:1] == ["demo"]:
         from chain.demo import main as demo_main
 
@@ -54,12 +85,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="print a saved report (JSON written by Report.save)")
     rep.add_argument("file")
-    rep.add_argument("--format", choices=("table", "markdown", "csv", "json"), default="table")
+    rep.add_argument(
+        "--format", choices=("table", "markdown", "csv", "json", "html"), default="table"
+    )
+    rep.add_argument("-o", "--output", metavar="FILE", help="where --format html writes the page")
     rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
+    rep = sub.add_parser("repro", help="write a standalone repro of one backend on one graph")
+    rep.add_argument("file")
+    rep.add_argument("graph", type=int)
+    rep.add_argument("backend")
+    rep.add_argument("-o", "--output", metavar="DIR", required=True)
+    rep.add_argument(
+        "--size", action="append", default=[], metavar="NAME=N", help="a symbolic size's value"
+    )
     sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")
+    sub.add_parser("store", help="remembered decisions: list, show KEY, clear (chain store -h)")
     args = parser.parse_args(argv)
-    return _report(args)
+    return _repro(args) if args.command == "repro" else _report(args)
 
 
 if __name__ == "__main__":

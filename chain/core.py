@@ -15,11 +15,15 @@ from torch import fx
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo, recompiles
+from chain.accuracy import reduction_lengths
 from chain.attempt import Reference, dynamo_signal, one_line, try_backend
 from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import GuardedGraph
+from chain.isolation import Isolation
+from chain.look import capture, progress, trace
+from chain.memory import Memory, Recall, enabled_by_env, hit_note, miss_note, replay
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
@@ -28,6 +32,8 @@ from chain.report_file import ReportFile
 from chain.resolve import BackendSpec, resolve
 from chain.speed import EAGER, EAGER_REF, SpeedRules
 from chain.timing import Timing
+from chain.verify import unchanged
+from chain.watch import Demoted, Expected, RunChecks, Watch, Writes
 
 log = logging.getLogger("chain")
 
@@ -61,6 +67,10 @@ class Chain:
         tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
         eager_floor: bool = True,
         cuda_graphs: str | bool = "auto",
+        watch: bool = True,
+        reverify_rate: float = 0.01,
+        memory: bool | None = None,
+        store: str | os.PathLike[str] | None = None,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -87,11 +97,19 @@ class Chain:
         self.tolerances = tolerances
         self.eager_floor = eager_floor
         self.graphs = GraphsStage(cuda_graphs, self.backends)
+        self.watch = watch
+        self.reverify_rate = reverify_rate
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report_file = ReportFile(self.report_path) if self.report_path else None
         self.report = Report()
         self.name = f"chain({', '.join(names)})"
+        decides = dict(backends=names, mode=mode, verify=verify, measure=measure,
+                       min_speedup=min_speedup, eager_floor=eager_floor, cuda_graphs=cuda_graphs,
+                       options=self.options, tolerances=tolerances,
+                       compile_timeout_s=compile_timeout_s)  # fmt: skip
+        on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
+        self.memory = Memory(store, decides) if on else None
 
     @property
     def speed(self) -> SpeedRules:
@@ -116,6 +134,8 @@ class Chain:
         reference, notes = self._reference(gm, inputs)
         if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
             notes.append(note)
+        recall = self.memory.recall(gm, inputs) if self.memory else None
+        notes += recall.notes if recall else ()
         compiled = recompiles.current()
         record = GraphRecord(
             id=len(self.report.graphs),
@@ -130,20 +150,108 @@ class Chain:
             compile_id=compiled.compile_id,
             recompiles=self._earlier(compiled),
             recompile_reason=compiled.reason,
+            code=capture.graph_code(gm),  # for `python -m chain repro` (chain.look)
+            sources=capture.sources(self.backends),
         )
         self.report.graphs.append(record)
         try:
-            attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
+            hit, fn = None, None
+            if recall is not None:  # chain.memory: a remembered winner is compiled alone
+                hit, fn, record = self._recalled(gm, inputs, reference, recall, record)
+            if hit is not None:
+                attempts, eager = list(hit), None
+                fns = {a.backend: fn for a in hit if a.status is Status.WON and fn}
+            else:
+                attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
         except Exception as exc:
             if dynamo_signal(exc):  # dynamo restarts this compile: the graph never ran
                 self.report.graphs.pop()
             raise
         record = self._finish(record, tuple(attempts), eager)
+        stored = self.memory and recall and hit is None  # a selection ran: remember it
+        if stored and (note := self.memory.remember(recall, record)):  # type: ignore[union-attr]
+            record = dataclasses.replace(record, notes=(*record.notes, note))
+            self.report.graphs[record.id] = record
         winner = record.winner
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
-        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner))
+        watch_for = self._watch_for(record, gm, reference)
+        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner), watch_for)
+
+    def _watch_for(
+        self, record: GraphRecord, gm: fx.GraphModule, reference: Reference
+    ) -> Callable[[str], Watch | None]:
+        """The run-time checks for each winner the graph will have (chain.watch), from what
+        selection found: eager's outputs, the inputs it wrote, whether float64 ran. The
+        counters go on the graph's record."""
+        stats = RunChecks(reverify_rate=self.reverify_rate if self.watch else 0.0)
+        expected, writes = None, None
+        if reference.runs is not None and reference.after:
+            writes = Writes.found(reference.runs, reference.after)
+        if not self.watch:
+            stats.unchecked.append("run-time checks off: watch=False")
+        elif reference.outputs is None or reference.runs is None:
+            stats.unchecked.append(f"no run-time checks: {reference.unverified}")
+        else:
+            ran = [reference.after.get(i, x) for i, x in enumerate(reference.runs)]
+            watched = [
+                i
+                for i, x in enumerate(reference.runs)
+                if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
+            ]
+            expected = Expected(gm, ran, reference.outputs, watched)
+            stats.unchecked += expected.unchecked
+        self.report.graphs[record.id] = dataclasses.replace(record, watch=stats)
+
+        def watch_for(winner: str) -> Watch | None:
+            if base_name(winner) == EAGER or (expected is None and writes is None):
+                return None  # eager is the reference itself: nothing to check it against
+            return Watch(
+                gm,
+                expected,
+                writes,
+                stats,
+                reverify_rate=self.reverify_rate if expected is not None else 0.0,
+                tolerances=self.tolerances,
+                fp64=reference.fp64 is not None,
+            )
+
+        return watch_for
+
+    def _recalled(
+        self,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        recall: Recall,
+        record: GraphRecord,
+    ) -> tuple[tuple[Attempt, ...] | None, Callable[..., Any] | None, GraphRecord]:
+        """On a remembered decision: compile and verify its winner only (chain.memory).
+        Attempts None: no decision, or its winner failed now (noted; selection runs)."""
+        if (decision := recall.decision) is None:
+            return None, None, record
+        names = [b.name for b in self.backends]
+        if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
+            fresh, fn = decision.winning_attempt, gm.forward
+        elif base_name(decision.winner) in names:
+            backend = self.backends[names.index(base_name(decision.winner))]
+            variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
+            fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
+        else:
+            fresh, fn = Attempt(decision.winner, Status.UNAVAILABLE, "not in this chain"), None
+        attempts = replay(recall, fresh) if fresh is not None and fn is not None else None
+        if attempts is None:
+            failed = fresh or Attempt(decision.winner, Status.COMPILE_ERROR, "no attempt")
+            note = miss_note(recall, failed)
+            return None, None, dataclasses.replace(record, notes=(*record.notes, note))
+        record = dataclasses.replace(
+            record,
+            notes=(*record.notes, hit_note(recall)),
+            eager_ms=decision.eager_ms,
+            eager_spread_ms=decision.eager_spread_ms,
+        )
+        return attempts, fn, record
 
     def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
         """The graph a recompile replaces: the latest one compiled from the same frame."""
@@ -173,11 +281,13 @@ class Chain:
         failed_name = record.winner or self.backend_name(guard.backend_index)
         if self.strict:
             raise exc
+        demoted = isinstance(exc, Demoted)  # caught wrong by the run-time checks
         log.warning(
-            "graph %d: %s raised at run time (%s); falling back",
+            "graph %d: %s %s (%s); falling back",
             guard.graph_id,
             failed_name,
-            one_line(exc),
+            "gave a wrong answer at run time" if demoted else "raised at run time",
+            str(exc) if demoted else one_line(exc),
         )
         inputs = list(args)
         reference, _ = self._reference(guard.gm, inputs)
@@ -187,6 +297,14 @@ class Chain:
         by_name = {a.backend: a for a in new}
         attempts = tuple(
             dataclasses.replace(
+                a,
+                status=Status.MISMATCH,
+                reason=str(exc),
+                error_type="Mismatch",
+                traceback=None,
+            )
+            if a.backend == failed_name and demoted
+            else dataclasses.replace(
                 a,
                 status=Status.RUNTIME_ERROR,
                 reason=f"at run time: {one_line(exc)}",
@@ -206,7 +324,13 @@ class Chain:
 
     def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
         """Eager's outputs and the float64 ones to verify against, and notes on what limits
-        verification. The chain runs the graph on concrete values (`chain.concrete`)."""
+        verification. The chain runs the graph on concrete values (`chain.concrete`), every
+        run on its own copies of all but the weights, which are watched (`chain.isolation`).
+
+        Nothing is copied back to `inputs`: the callable the chain returns is called by
+        dynamo (or by the guard, after a fallback) on the caller's real inputs, and that
+        one call applies the graph's writes once, as eager would.
+        """
         concrete = concretize(inputs)
         random = graphinfo.random_nodes(gm)
         unverified = None
@@ -216,28 +340,41 @@ class Chain:
             unverified = "not verified: verify=False"
         elif random:
             unverified = f"not verified: random ops ({'; '.join(map(str, random))})"
+        isolation = Isolation.of(gm, inputs)
         reference = Reference(
             outputs=None,
-            clone_inputs=graphinfo.mutates_inputs(gm),
             unverified=unverified,
             tolerances=self.tolerances,
             runs=concrete.values,
+            isolation=isolation,
+            reductions=reduction_lengths(gm),
         )
         notes = [unverified] if unverified else []
         if concrete.symbolic and concrete.values is not None:
             notes.append(
                 f"dynamic: {concrete.symbolic} symbolic size(s); run at this call's values"
             )
-        if reference.clone_inputs:
-            notes.append("mutates its inputs: eager and candidates ran on clones")
+        if graphinfo.mutates_inputs(gm):
+            notes.append("mutates its inputs: eager and candidates ran on copies")
+        if concrete.values is None:
+            return reference, notes
+        watch = isolation.watch(concrete.values)
         if not unverified:
             with torch.no_grad():
                 outputs = gm(*(ran := reference.inputs()))
+            if (weights := watch.check("eager (the reference run)")) is not None:
+                notes.append(
+                    f"eager's reference run {weights}: the chain could not see "
+                    "that this graph writes it"
+                )
             fp64, note = fp64_reference(gm, reference.inputs())
             notes += [note] if note else []
-            after = {i: ran[i] for i in reference.cloned()}
-            reference = dataclasses.replace(reference, outputs=outputs, fp64=fp64, after=after)
-        return reference, notes
+            after = {i: ran[i] for i in reference.copied() if isinstance(ran[i], torch.Tensor)}
+            wrote = frozenset(i for i, x in after.items() if not unchanged(x, concrete.values[i]))
+            reference = dataclasses.replace(
+                reference, outputs=outputs, fp64=fp64, after=after, wrote=wrote
+            )
+        return dataclasses.replace(reference, watch=watch), notes
 
     # -- candidates ---------------------------------------------------------------------
 
@@ -307,16 +444,19 @@ class Chain:
     ) -> tuple[Attempt, Callable[..., Any] | None]:
         """One attempt of `compiler` (a backend, or its CUDA graphs variant) with the
         options the user gave `backend` and the chain's retries, timeout and strictness."""
-        return try_backend(
-            compiler,
-            gm,
-            inputs,
-            reference,
-            options=self.options.get(backend.name, {}),
-            max_retries=self.max_retries,
-            timeout_s=self.compile_timeout_s,
-            strict=self.strict,
-        )
+        with progress.working(
+            f"compiling and verifying {compiler.name} ({len(gm.graph.nodes)} nodes)"
+        ):
+            return try_backend(
+                compiler,
+                gm,
+                inputs,
+                reference,
+                options=self.options.get(backend.name, {}),
+                max_retries=self.max_retries,
+                timeout_s=self.compile_timeout_s,
+                strict=self.strict,
+            )
 
     def _try_graphed(
         self,
@@ -395,6 +535,7 @@ class Chain:
             eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,
         )
         self.report.graphs[record.id] = record
+        trace.emit(record)  # TORCH_TRACE: the decision beside dynamo's entries (chain.look)
         if self.report_file is not None:  # a failed write is a warning (chain.report_file)
             self.report_file.write(self.report)
         return record

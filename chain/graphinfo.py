@@ -140,7 +140,10 @@ def _spec(value: Any) -> dict[str, Any]:
             "device": str(value.device),
             "parameter": isinstance(value, torch.nn.Parameter),
         }
-    return {"type": type(value).__name__, "value": repr(value)[:40]}
+    spec = {"type": type(value).__name__, "value": repr(value)[:40]}
+    if isinstance(value, SYMBOLIC) and value.node.has_hint():
+        spec["hint"] = value.node.hint  # this call's value of the symbol (for repros)
+    return spec
 
 
 def input_specs(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:

@@ -1,11 +1,21 @@
-"""The callable handed back to dynamo: the winner behind a try, falling back on a raise."""
+"""The callable handed back to dynamo: the winner, watched, falling back on a raise or a
+wrong answer, one fallback at a time."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torch import fx
+
+from chain.watch import Demoted, InputsWritten, Watch
+
+# One fallback at a time, process-wide: fallbacks are rare and slow (they compile), and one
+# lock also keeps two graphs from rewriting the report at once. Re-entrant: a nested
+# chain's guard may fall back while the outer chain tries candidates.
+_FALLBACK = threading.RLock()
 
 
 class FallBack(Protocol):
@@ -16,18 +26,32 @@ class FallBack(Protocol):
         ...
 
     def fall_back(self, guard: GuardedGraph, exc: Exception, args: tuple[Any, ...]) -> None:
-        """Record that the winner raised; `guard.switch` to the next backend that passes."""
+        """Record that the winner raised (or was `Demoted`); `guard.switch` to the next
+        backend that passes."""
         ...
 
 
-class GuardedGraph:
-    """Calls the winning backend; if it raises, the chain records it and moves to the next.
+@dataclass(frozen=True)
+class Active:
+    """The winner now in use: replaced whole by `switch`, so a call reads it in one go."""
 
-    The happy path is one Python call and a `try`: nothing is checked per call. The chain
-    changes the backend only through `switch`.
+    fn: Callable[..., Any]
+    backend_index: int
+    watch: Watch | None  # None: no checks and nothing written to keep (the plain path)
+
+
+class GuardedGraph:
+    """Calls the winning backend; if it raises or is caught wrong, the chain records it and
+    moves to the next, and this call returns the next backend's answer.
+
+    Every call reads `active` once and takes no lock. With a `Watch`, each call is checked
+    (`chain.watch`), some are re-verified against eager, and the inputs the graph writes
+    are kept before the call and restored before the next backend runs. A fallback holds
+    `_FALLBACK`; calls made meanwhile run the current winner, and one that fails waits for
+    the fallback and then runs the new winner: no call raises because another falls back.
     """
 
-    __slots__ = ("backend_index", "chain", "chain_details", "fn", "gm", "graph_id")
+    __slots__ = ("active", "chain", "chain_details", "gm", "graph_id", "watch_for")
 
     def __init__(
         self,
@@ -36,23 +60,75 @@ class GuardedGraph:
         gm: fx.GraphModule,
         fn: Callable[..., Any],
         backend_index: int,
+        watch_for: Callable[[str], Watch | None] | None = None,
     ) -> None:
         self.chain = chain
         self.graph_id = graph_id
         self.gm = gm
-        self.fn = fn
-        self.backend_index = backend_index
-        self.chain_details = {"graph": graph_id, "winner": chain.backend_name(backend_index)}
+        self.watch_for = watch_for
+        winner = chain.backend_name(backend_index)
+        self.chain_details = {"graph": graph_id, "winner": winner}
+        self.active = Active(fn, backend_index, watch_for(winner) if watch_for else None)
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The callable of the winner now in use."""
+        return self.active.fn
+
+    @property
+    def backend_index(self) -> int:
+        """The winner's position in the chain (past the end: the eager floor)."""
+        return self.active.backend_index
 
     def switch(self, fn: Callable[..., Any], backend_index: int, winner: str) -> None:
         """Run `fn` from now on: the callable of `winner`, at `backend_index` in the chain."""
-        self.fn = fn
-        self.backend_index = backend_index
+        watch = self.watch_for(winner) if self.watch_for else None
         self.chain_details["winner"] = winner
+        self.active = Active(fn, backend_index, watch)
 
     def __call__(self, *args: Any) -> Any:
+        active = self.active
+        watch = active.watch
+        if watch is None:
+            try:
+                return active.fn(*args)
+            except Exception as exc:
+                return self._recover(active, exc, args, None)
+        n = watch.call_number()
+        kept = watch.writes.keep(args) if watch.writes is not None else None
         try:
-            return self.fn(*args)
+            if n >= watch.schedule.due:
+                out, reason = watch.reverify(n, args, kept, lambda: active.fn(*args))
+            else:
+                out = active.fn(*args)
+                reason, suspect = watch.check(n, args, out)
+                if reason is None and suspect and watch.can_reverify_after(kept):
+                    out, reason = watch.reverify(n, args, kept, lambda: out)
         except Exception as exc:
-            self.chain.fall_back(self, exc, args)
-            return self.fn(*args)
+            return self._recover(active, exc, args, kept)
+        if reason is not None:
+            return self._recover(active, Demoted(n, reason), args, kept)
+        return out
+
+    def _recover(
+        self, active: Active, exc: Exception, args: tuple[Any, ...], kept: dict[int, Any] | None
+    ) -> Any:
+        """Undo the failed call's writes, fall back (once, whoever comes first), run anew."""
+        watch = active.watch
+        name = self.chain.backend_name(active.backend_index)
+        if isinstance(exc, Demoted) and watch is not None:
+            watch.stats.failures.append(f"{name} {exc}")
+        try:
+            if watch is not None and watch.writes is not None and kept is not None:
+                watch.writes.restore(args, kept, name)
+        except InputsWritten as written:
+            self._fall_back(active, exc, args)
+            raise written from exc
+        self._fall_back(active, exc, args)
+        return self(*args)
+
+    def _fall_back(self, active: Active, exc: Exception, args: tuple[Any, ...]) -> None:
+        """Let the chain switch away from `active`, unless another call already has."""
+        with _FALLBACK:
+            if self.active is active:
+                self.chain.fall_back(self, exc, args)

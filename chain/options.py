@@ -101,6 +101,16 @@ def cuda_graphs(value: Any) -> str | bool:
     raise BadValue("'auto', True or False")
 
 
+def store(value: Any) -> Any:
+    """Where decisions are remembered: a directory, or a redis:// (rediss://, unix://) URL."""
+    if not isinstance(value, str | os.PathLike):
+        raise BadValue("a directory or a redis://host:port/db URL")
+    text = os.fspath(value)
+    if "://" in text and not text.startswith(("redis://", "rediss://", "unix://")):
+        raise BadValue(f"a directory or a redis://host:port/db URL; {text!r} is neither")
+    return value
+
+
 CHAIN_OPTIONS: dict[str, Check] = {
     "mode": one_of(*MODES),
     "verify": boolean,
@@ -115,6 +125,10 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "max_retries": integer(low=0, high=10),
     "measure_budget_s": number(low=0, high=3600),  # an hour
     "tolerances": optional(tolerances),
+    "watch": boolean,
+    "reverify_rate": number(low=0, high=1),
+    "memory": optional(boolean),
+    "store": optional(store),
 }
 
 

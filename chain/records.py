@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any
 
 from chain import json_fields as jf
+from chain.watch.stats import RunChecks
 
 
 class Status(str, Enum):
@@ -132,6 +133,12 @@ class GraphRecord:
     compile_id: str | None = None  # dynamo's "frame/compile" ("0/1": frame 0, a recompile)
     recompiles: int | None = None  # the earlier graph of the same frame this one replaces
     recompile_reason: str | None = None  # dynamo's failed guard, when it says
+    # the graph module as Python source (a `Repro` nn.Module, as dynamo's minifier writes
+    # it) and where each backend that is a plain callable imports from ("module:name"):
+    # what `python -m chain repro` needs to rerun one backend on this graph elsewhere
+    code: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    watch: RunChecks | None = None  # what the run-time checks did (chain.watch); live counts
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -154,7 +161,10 @@ class GraphRecord:
             "compile_id": self.compile_id,
             "recompiles": self.recompiles,
             "recompile_reason": self.recompile_reason,
+            "watch": self.watch.to_dict() if self.watch is not None else None,
             "attempts": [a.to_dict() for a in self.attempts],
+            "sources": dict(self.sources),
+            "code": self.code,
         }
 
     @classmethod
@@ -182,6 +192,12 @@ class GraphRecord:
             recompile_reason=jf.optional_text(
                 data.get("recompile_reason"), f"{graph}: recompile_reason"
             ),
+            code=jf.optional_text(data.get("code"), f"{graph}: code"),
+            sources={
+                str(k): jf.text(v, f"{graph}: sources[{k!r}]")
+                for k, v in jf.mapping(data.get("sources") or {}, f"{graph}: sources").items()
+            },
+            watch=RunChecks.from_dict(data.get("watch")),
         )
 
     def __str__(self) -> str:

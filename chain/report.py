@@ -166,6 +166,12 @@ class Report:
             log.warning("Report.save: created the missing directory %s", target.parent)
         return atomic_write(target, json.dumps(self.to_dict(), indent=2, default=str))
 
+    def save_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as one self-contained HTML page (chain.look.html)."""
+        from chain.look import html
+
+        return html.save(self, path)
+
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
         """Read a saved report; ReportError says what is wrong with the file, in one line.

@@ -5,6 +5,7 @@ a graph writes to, after the call, against eager's."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,13 @@ def compare(
     actual: Any,
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
     fp64: Any = None,
+    reductions: Sequence[int] = (),
 ) -> Verdict:
     """Match structure, shapes, dtypes and values; NaN/inf where eager has none is a mismatch.
 
     With `fp64` (the graph's float64 outputs, same structure as `expected`), floating values
     pass by the error rule; without it, under `tolerances` (default: TOLERANCES).
+    `reductions`: per output, how many values it sums over (`chain.accuracy`; default 1).
     """
     tol = TOLERANCES | (tolerances or {})
     exp_leaves, exp_spec = pytree.tree_flatten(_as_tuple(expected))
@@ -91,7 +94,8 @@ def compare(
         biggest = max(biggest, err)
         ref = ref_leaves[i] if ref_leaves is not None else None
         if isinstance(ref, torch.Tensor) and exp_c.is_floating_point():
-            result = output_error(i, ref, exp_c, act_c)
+            reduced = reductions[i] if i < len(reductions) else 1
+            result = output_error(i, ref, exp_c, act_c, reduced=reduced)
             if worst is None or result.severity > worst.severity:
                 worst = result
             if not result.passed:
@@ -112,15 +116,51 @@ def compare(
 
 def compare_writes(
     expected: dict[int, torch.Tensor],
-    actual: dict[int, torch.Tensor],
+    actual: Sequence[Any],
+    before: Sequence[Any],
+    wrote: Collection[int],
+    names: dict[int, str],
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
 ) -> Verdict | None:
-    """The graph's inputs after a candidate's call against eager's, by position (graphs that
-    write in place): None when every one matches, else a verdict naming the first that does
-    not ("input N not updated as eager does")."""
+    """A candidate's inputs after its call against eager's, by position, for every input
+    the chain copied (not only in graphs that declare writes): None when each matches.
+
+    `expected`: eager's inputs after its call; `before`: the inputs as the caller passed
+    them; `wrote`: the positions eager changed. An input eager left alone must be left
+    exactly as it was ("written where eager does not"); one eager wrote must match eager's
+    under the usual comparison ("not updated as eager does"). `names`: how to name each.
+    """
     for i, after in expected.items():
-        verdict = compare(after, actual[i], tolerances)
+        got, name = actual[i], names.get(i, f"input {i}")
+        if i not in wrote:
+            if not unchanged(got, before[i]):
+                return Verdict(
+                    f"{name} written where eager does not ({_what_changed(got, before[i])})", None
+                )
+            continue
+        if unchanged(got, before[i]):
+            return Verdict(f"{name} not updated as eager does: left unchanged", None)
+        verdict = compare(after, got, tolerances)
         if verdict.reason is not None:
             detail = verdict.reason.removeprefix("output 0: ")
-            return Verdict(f"input {i} not updated as eager does: {detail}", verdict.max_abs_err)
+            return Verdict(f"{name} not updated as eager does: {detail}", verdict.max_abs_err)
     return None
+
+
+def unchanged(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` holds exactly `b`'s shape, dtype and values (NaN equal to NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.detach(), b.detach().to(a.device)
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)
+
+
+def _what_changed(a: torch.Tensor, b: torch.Tensor) -> str:
+    """`3 of 8 values changed`, or the shape/dtype that changed."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"now {a.dtype} {tuple(a.shape)}, was {b.dtype} {tuple(b.shape)}"
+    b = b.detach().to(a.device)
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    return f"{int((~same).sum())} of {a.numel()} values changed"

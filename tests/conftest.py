@@ -4,9 +4,14 @@ the reason."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
+
+# Remembered decisions (chain.memory) stay off in the suite: a test must see a selection,
+# not an earlier test's winner. tests/test_memory.py turns them on where it means to.
+os.environ["CHAIN_MEMORY"] = "0"
 
 
 def _cuda_reason() -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -165,3 +166,40 @@ def test_ort_session_pieces() -> None:
     assert element_type(torch.bfloat16) == TensorProto.BFLOAT16
     with pytest.raises(Unsupported, match="no ONNX element type"):
         element_type(torch.qint8)
+
+
+def _by_grad_mode(x: torch.Tensor) -> torch.Tensor:
+    """Traced differently with gradients on (as attention kernels pick their layout)."""
+    return x * 2 if torch.is_grad_enabled() else x + 1
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "enable_grad"])
+def test_onnx_export_traces_in_the_callers_grad_mode(mode: str) -> None:
+    """Regression (Swin, T5 encoder): the exporter's clean thread traced with gradients on
+    (a new thread's default) a graph captured under no_grad."""
+    import onnxruntime
+
+    from backends.common.onnx_export import export_onnx
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(_by_grad_mode, (x,)),))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    inputs = [torch.randn(3), torch.randn(2, 5)]
+    context = {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "enable_grad": torch.enable_grad,
+    }[mode]
+
+    def export(example: torch.Tensor) -> bytes:
+        with context():
+            return export_onnx(gm, [example], freeze=(), dynamic_dims={}).model
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # also from the caller's own threads
+        models = list(pool.map(export, inputs))
+    for model, example in zip(models, inputs, strict=True):
+        session = onnxruntime.InferenceSession(model)
+        [out] = session.run(None, {session.get_inputs()[0].name: example.numpy()})
+        expected = example * 2 if mode == "enable_grad" else example + 1
+        torch.testing.assert_close(torch.from_numpy(out), expected)

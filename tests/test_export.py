@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import chain
 from backends.common.payload import digest, specs_to_str, to_tensor
+from backends.errors import Unsupported
 from backends.tensorrt.deploy import check_tensorrt
 from chain.deploy import (
     CaptureError,
@@ -269,3 +271,38 @@ def test_tensorrt_round_trip(name: str, tmp_path: Path) -> None:
     loaded = torch.export.load(tmp_path / "trt.pt2").module()
     with torch.no_grad():
         torch.testing.assert_close(loaded(*args), model(*args), rtol=2e-3, atol=2e-3)
+
+
+def _refuse_first_part(real: Any) -> Any:
+    """`export_part` that refuses block `_run_on_acc_0`, as ONNX Runtime refuses a block."""
+
+    def export_part(name: str, *args: Any) -> Any:
+        if name.endswith("_0"):
+            raise Unsupported("refused for the test")
+        return real(name, *args)
+
+    return export_part
+
+
+def test_refused_block_with_weights_stays_pytorch_and_loads(tmp_path: Path) -> None:
+    """Regression (Swin, T5 encoder): a refused block's weights were lifted as Parameter
+    constants and `program.module()` failed to re-register them."""
+    from backends.onnxruntime import partition
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+    ).eval()
+    x = torch.randn(2, 4)
+    backend = chain.chain("onnxruntime", "eager", measure=False)
+    refuse = _refuse_first_part(partition.export_part)
+    with mock.patch.object(partition, "export_part", refuse):
+        result = chain.export(model, (x,), backend=backend, torch_executed_ops=["aten.relu"])
+    assert [p["name"] for p in result.parts] == ["_run_on_acc_1"]
+    assert "onnxruntime: refused for the test" in result.fallback["aten.linear.default"]
+    assert "aten.linear.default" in _aten_ops(result.program)
+    torch.export.save(result.program, tmp_path / "refused.pt2")
+    loaded = torch.export.load(tmp_path / "refused.pt2").module()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+        assert not any(p.requires_grad for p in result.program.constants.values())

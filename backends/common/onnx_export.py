@@ -167,12 +167,26 @@ def _torch_onnx_export(
     )
 
 
+_export_lock = threading.Lock()  # torch.export keeps global state: one export at a time
+
+
 def _in_clean_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call `fn` on a fresh thread: none of dynamo's thread-local state (tracing context,
     fake mode, shape env, eval-frame hook) leaks into a nested torch.export, and the
-    nested export leaves no guards behind in the frame dynamo is compiling."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnx-export") as pool:
-        return pool.submit(fn, *args, **kwargs).result()
+    nested export leaves no guards behind in the frame dynamo is compiling.
+
+    The thread runs in the caller's grad and inference mode (a new thread starts with
+    gradients on: a graph captured under no_grad, traced again with gradients, can take
+    other kernels and layouts). Exports are serialized: torch.export is not thread-safe.
+    """
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def in_callers_mode() -> T:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            return fn(*args, **kwargs)
+
+    with _export_lock, ThreadPoolExecutor(1, thread_name_prefix="onnx-export") as pool:
+        return pool.submit(in_callers_mode).result()
 
 
 def export_onnx(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -149,7 +150,10 @@ def inline_constants(gm: fx.GraphModule, call: fx.Node) -> None:
     """Move the constants a block reads from the parent into the block itself.
 
     The fuser passes `get_attr` values as block inputs; compilers want weights as constants
-    (ONNX initializers), so each becomes a buffer of the block.
+    (ONNX initializers), so each becomes a buffer of the block. The buffer is a plain
+    tensor (the parameter detached, same storage): a block left to PyTorch is traced by
+    torch.export, which would lift an `nn.Parameter` buffer as a Parameter constant that
+    `ExportedProgram.module()` cannot re-register.
     """
     block: fx.GraphModule = getattr(gm, str(call.target))
     placeholders = [n for n in block.graph.nodes if n.op == "placeholder"]
@@ -159,6 +163,8 @@ def inline_constants(gm: fx.GraphModule, call: fx.Node) -> None:
             keep_args.append(arg)
             continue
         value = fetch_attr(gm, str(arg.target))
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
         name = f"_const_{placeholder.name}"
         block.register_buffer(name, value, persistent=False)
         with block.graph.inserting_before(placeholder):

@@ -36,7 +36,8 @@ class RuntimeMissing(PayloadError):
 
 
 class PayloadMismatch(PayloadError):
-    """The payload was built by a runtime this process cannot honour (version, GPU)."""
+    """The payload was built by a runtime this process cannot honour (version, GPU), or is
+    not the payload its program was built with (swapped)."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,57 @@ class TensorSpec:
         return dtype
 
 
-def specs_to_str(specs: list[TensorSpec]) -> str:
-    """Output specs as the op's string argument (JSON)."""
-    return json.dumps([{"shape": list(s.shape), "dtype": s.dtype} for s in specs])
+def specs_to_str(specs: list[TensorSpec], part: str = "", sha256: str = "") -> str:
+    """The op's string argument (JSON): output specs, and the part and payload it is bound to.
+
+    `sha256` is the digest of the whole payload (header and body) the program's node was
+    built with; the payload is checked against it when it is loaded (`check_binding`).
+    """
+    outputs = [{"shape": list(s.shape), "dtype": s.dtype} for s in specs]
+    if not sha256:
+        return json.dumps(outputs)
+    return json.dumps({"part": part, "sha256": sha256, "outputs": outputs})
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a program's node says about its payload: the part's name and the payload digest."""
+
+    part: str
+    sha256: str  # empty for programs exported before payloads were bound
+
+
+def _parse(text: str) -> tuple[Binding, list[dict[str, Any]]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PayloadError(f"payload call has unreadable output specs: {error}") from None
+    if isinstance(data, list):
+        return Binding("", ""), data
+    return Binding(str(data.get("part", "")), str(data.get("sha256", ""))), data["outputs"]
 
 
 def specs_from_str(text: str) -> list[TensorSpec]:
-    """Inverse of `specs_to_str`."""
-    return [TensorSpec(tuple(d["shape"]), d["dtype"]) for d in json.loads(text)]
+    """The output specs of `specs_to_str`'s string."""
+    return [TensorSpec(tuple(d["shape"]), d["dtype"]) for d in _parse(text)[1]]
+
+
+def binding_from_str(text: str) -> Binding:
+    """The part and payload digest of `specs_to_str`'s string."""
+    return _parse(text)[0]
+
+
+def check_binding(binding: Binding, payload: bytes | memoryview) -> None:
+    """Raise PayloadMismatch when `payload` is not the one the program's node was built with."""
+    if not binding.sha256:
+        return
+    actual = digest(payload)
+    if actual != binding.sha256:
+        raise PayloadMismatch(
+            f"payload of part {binding.part or '?'} is not the one this program was built "
+            f"with (sha256 {actual[:12]}, the program says {binding.sha256[:12]}): the file "
+            "was modified or its payload swapped; export the model again"
+        )
 
 
 @dataclass(frozen=True)
@@ -128,7 +172,10 @@ def unpack(data: bytes | memoryview) -> tuple[Header, memoryview]:
     (length,) = struct.unpack("<I", view[len(MAGIC) : _PREFIX])
     if len(view) < _PREFIX + length:
         raise PayloadError(f"truncated payload: header of {length} bytes, {len(view)} in all")
-    header = Header.from_json(bytes(view[_PREFIX : _PREFIX + length]).decode())
+    try:
+        header = Header.from_json(bytes(view[_PREFIX : _PREFIX + length]).decode())
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise PayloadError(f"payload header unreadable ({type(error).__name__}): {error}") from None
     return header, view[_PREFIX + length :]
 
 

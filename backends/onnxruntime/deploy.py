@@ -31,6 +31,7 @@ from backends.common.payload import (
     CPU_EXTRA,
     GPU_EXTRA,
     Header,
+    PayloadError,
     PayloadMismatch,
     RuntimeMissing,
     TensorSpec,
@@ -128,9 +129,32 @@ def check_onnxruntime(header: Header, installed: str | None) -> None:
         )
 
 
+def refuse_external_data(header: Header, body: bytes) -> None:
+    """Raise PayloadError when the model reads tensors from files outside the payload.
+
+    ONNX Runtime resolves external-data paths against the current directory: a payload
+    must carry all of its weights, so that loading a program reads nothing else.
+    """
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    try:
+        model = onnx.load_model_from_string(body)
+    except Exception as error:  # protobuf's DecodeError has no stable import path
+        raise PayloadError(f"{header.describe()} payload is not an ONNX model: {error}") from None
+    external = [t.name for t in _get_all_tensors(model) if uses_external_data(t)]
+    if external:
+        raise PayloadError(
+            f"ONNX model built with {header.describe()} reads {len(external)} tensor(s) from "
+            f"external data files ({', '.join(external[:3])}): refused, a payload must "
+            "carry its weights"
+        )
+
+
 def load_payload(header: Header, body: bytes, device: torch.device) -> Runner:
     """The loader hook: an ORT session on `body` behind the backend's zero-copy runner."""
     check_onnxruntime(header, installed_version("onnxruntime"))
+    refuse_external_data(header, body)
     graph = OnnxGraph.of_model(body, header.input_names, header.output_names, header.opset or 0)
     try:
         session = create_session(body, session_options(), default_providers(device))

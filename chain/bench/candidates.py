@@ -95,7 +95,7 @@ def chain_candidate(names: Sequence[str], mode: str, options: Options | None = N
     chain(*present, mode=mode, options=opts)  # a bad chain fails here, once, not per model
 
     def make(model: nn.Module) -> Compiled:
-        backend = chain(*present, mode=mode, options=opts)
+        backend = chain(*present, mode=mode, options=opts, memory=False)  # measured afresh
         return Compiled(
             torch.compile(model, backend=backend),
             lambda: len(backend.report.graphs),

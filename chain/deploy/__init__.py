@@ -1,9 +1,11 @@
 """Export: an ExportedProgram whose compiled parts carry their engines or ONNX models.
 
 `chain.export(model, args)` returns an `ExportResult` (`program, report = ...`);
-`torch.export.save` / `torch.export.load` round-trip the program in any process that
-imports `chain` (which registers the `backend_chain::run_payload` op). A backend takes
-part through its export hooks (`backends.common.parts`); this package knows none by name.
+`torch.export.save` saves the program; `chain.load(path)` loads it with checks (a whole
+file, no pickles, payloads bound to their nodes); plain `torch.export.load` works too in
+any process that imports `chain` (which registers the `backend_chain::run_payload` op).
+A backend takes part through its export hooks (`backends.common.parts`); this package
+knows none by name.
 """
 
 from backends.common.payload import (
@@ -17,6 +19,7 @@ from backends.common.payload import (
 from backends.common.payload import TensorSpec as OutputSpec
 from chain.deploy.capture import CaptureError
 from chain.deploy.exporter import ExportError, ExportResult, export
+from chain.deploy.loader import load
 from chain.deploy.ops import cache_info, clear_cache, run_payload
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "cache_info",
     "clear_cache",
     "export",
+    "load",
     "pack",
     "run_payload",
     "unpack",

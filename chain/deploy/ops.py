@@ -20,6 +20,8 @@ from backends.common.parts import Runner
 from backends.common.payload import (
     Header,
     PayloadError,
+    binding_from_str,
+    check_binding,
     specs_from_str,
     tensor_bytes,
     unpack,
@@ -31,7 +33,7 @@ OP_NAME = "backend_chain::run_payload"
 
 _lock = threading.Lock()
 _runners: dict[tuple[str, str], Runner] = {}  # (sha256, device) -> runner
-_by_tensor: dict[tuple[int, str], tuple[weakref.ref[torch.Tensor], Runner]] = {}
+_by_tensor: dict[tuple[int, str, str], tuple[weakref.ref[torch.Tensor], Runner]] = {}
 _stats = {"built": 0}
 
 
@@ -51,14 +53,19 @@ def build_runner(header: Header, body: bytes, device: torch.device) -> Runner:
     return loader(header, body, device)
 
 
-def runner_for(payload: torch.Tensor, device: torch.device) -> Runner:
-    """The cached runner of `payload` on `device`; built (and checked) at the first call."""
-    key = (id(payload), str(device))
+def runner_for(payload: torch.Tensor, device: torch.device, outputs: str = "") -> Runner:
+    """The cached runner of `payload` on `device`; built (and checked) at the first call.
+
+    `outputs` is the node's string argument: the payload must be the one it is bound to.
+    """
+    key = (id(payload), str(device), outputs)
     hit = _by_tensor.get(key)
     if hit is not None and hit[0]() is payload:
         return hit[1]
     with _lock:
-        header, body = unpack(tensor_bytes(payload))
+        data = tensor_bytes(payload)
+        check_binding(binding_from_str(outputs), data)
+        header, body = unpack(data)
         cache_key = (header.sha256, str(device))
         runner = _runners.get(cache_key)
         if runner is None:
@@ -97,7 +104,7 @@ def run_payload(
     inputs: list[torch.Tensor], payload: torch.Tensor, outputs: str
 ) -> list[torch.Tensor]:
     """Run the compiled part in `payload` on `inputs`."""
-    results = runner_for(payload, _device_of(inputs))(inputs)
+    results = runner_for(payload, _device_of(inputs), outputs)(inputs)
     # custom ops may not return views of their inputs: ORT can hand back an input it
     # passed through unchanged (identity), so such outputs are copied
     seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}

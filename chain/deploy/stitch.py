@@ -16,7 +16,7 @@ from torch import fx
 
 from backends.common.fx_utils import fetch_attr
 from backends.common.parts import Part
-from backends.common.payload import TensorSpec, specs_to_str, to_tensor
+from backends.common.payload import TensorSpec, digest, specs_to_str, to_tensor
 from chain.deploy import ops  # noqa: F401  (registers backend_chain::run_payload)
 
 PAYLOAD_PREFIX = "_chain_payload_"
@@ -88,13 +88,15 @@ def _op_call(
 ) -> fx.Node:
     """Payload constant + `run_payload` call; a single-output part is unwrapped by getitem."""
     name = f"{PAYLOAD_PREFIX}{part.name.removeprefix('_')}"
-    setattr(root, name, to_tensor(part.payload))
+    packed = part.payload
+    setattr(root, name, to_tensor(packed))
     args = [fx.map_arg(a, lambda n: env[n]) for a in node.args]
     payload = graph.get_attr(name)
     specs: list[TensorSpec] = list(part.header.outputs)
+    bound = specs_to_str(specs, part.name, digest(packed))
     call = graph.call_function(
         torch.ops.backend_chain.run_payload.default,
-        ([args[i] for i in part.input_positions], payload, specs_to_str(specs)),
+        ([args[i] for i in part.input_positions], payload, bound),
     )
     if part.returns_tuple:
         return call  # the partitioner already reads each output with getitem

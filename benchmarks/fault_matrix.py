@@ -1,0 +1,201 @@
+"""Fault x where it strikes x outcome: does the chain keep its promise on a tiny BertModel?
+
+    python benchmarks/fault_matrix.py [--faults raises,wrong] [--where compile,later]
+                                      [--timeout 3] [--reverify-rate 0.01] [--calls 6]
+
+Each cell builds a fresh chain(`faulty`, "eager") (no eager floor, so `faulty` wins when it
+behaves at selection) where `faulty` is the graph's own forward with one fault injected at
+one place, and calls the model at two sequence lengths (the second is dynamo's dynamic
+recompile), first to select, then `--calls` times more (from 8 threads in the `threads`
+column). A cell reads "right, recorded" when every call returned eager's answer, the
+caller's input ids and the model's weights are unchanged, nothing raised, and the report
+holds a non-winning attempt of `faulty` with its reason; else it says what went wrong.
+
+Places: `compile` (the backend's compile), `first` (the runner's first call, during
+selection), `timing` (its later calls during selection), `later` (calls after selection:
+the guard and the run-time checks), `threads` (the same under 8 threads). `compile_timeout_s`
+is set in every cell, so a hang during selection is abandoned; a hang after selection is
+not: run-time calls have no timeout (README, "What cannot be interrupted").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from chain import chain
+from chain.bench import zoo
+
+PLACES = ("compile", "first", "timing", "later", "threads")
+HANG_S = 30.0
+
+
+class Phase:
+    """The caller's own input ids: a runner called on them runs for real (the guard's call),
+    else it runs for selection (on the chain's copies: verification and timing)."""
+
+    real: torch.Tensor | None = None
+
+
+def _damage(fault: str, gm: fx.GraphModule, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    """`out` (the graph's right outputs) after `fault`; may also damage args or weights."""
+    if fault == "raises":
+        raise RuntimeError("injected fault: kernel launch failed")
+    if fault == "exit":
+        raise SystemExit(3)
+    if fault == "hang":
+        time.sleep(HANG_S)
+        return out
+    if fault == "wrong":
+        return [o + 1.0 if o.is_floating_point() else o for o in out]
+    if fault == "nan":
+        return [torch.full_like(o, float("nan")) if o.is_floating_point() else o for o in out]
+    if fault == "shape":
+        return [o[..., :-1] if o.dim() else o for o in out]
+    if fault == "scribble":  # zero every integer input (the caller's token ids), then answer
+        with torch.no_grad():
+            for a in args:
+                if isinstance(a, torch.Tensor) and not a.is_floating_point():
+                    a.zero_()
+        return out
+    if fault == "weights":  # scale a weight in place behind the version counter, then answer
+        with torch.no_grad():
+            for a in args:
+                if isinstance(a, torch.nn.Parameter):
+                    a.data.mul_(2.0)
+                    break
+        return out
+    raise ValueError(f"unknown fault {fault!r}")
+
+
+FAULTS = ("raises", "exit", "hang", "wrong", "nan", "shape", "scribble", "weights")
+
+
+def faulty(fault: str, place: str) -> Callable[..., Any]:
+    """A backend: the graph's forward, with `fault` at `place`."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        if place == "compile":
+            _damage(fault, gm, tuple(example_inputs), [])
+        calls = {"select": 0, "run": 0}
+
+        def run(*args: Any) -> Any:
+            out = gm.forward(*args)
+            if not any(a is Phase.real for a in args):
+                calls["select"] += 1
+                strike = (place == "first" and calls["select"] == 1) or (
+                    place == "timing" and calls["select"] >= 2
+                )
+            else:
+                calls["run"] += 1
+                strike = place in ("later", "threads") and calls["run"] >= 2
+            return _damage(fault, gm, args, list(out)) if strike else out
+
+        return run
+
+    backend.__name__ = "faulty"
+    return backend
+
+
+def cell(fault: str, place: str, timeout: float, rate: float, calls: int) -> str:
+    """One cell's outcome in words."""
+    if fault == "hang" and place in ("later", "threads"):
+        return "n/a: run-time calls have no timeout"
+    if fault in ("wrong", "nan", "shape") and place == "compile":
+        return "n/a: no output at compile"
+    model = zoo.build("bert")
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    backend = chain(
+        faulty(fault, place),
+        "eager",
+        compile_timeout_s=timeout,
+        eager_floor=False,
+        reverify_rate=rate,
+        memory=False,
+    )
+    fast = torch.compile(model, backend=backend)
+    wrong: list[str] = []
+    try:
+        for shape in (0, 1):
+            (ids,) = zoo.inputs("bert", shape)
+            kept = ids.clone()
+            with torch.no_grad():
+                expected = model(ids.clone())
+                Phase.real = ids
+                results = [fast(ids)]
+                if place == "threads":
+
+                    def one(_: int, ids: torch.Tensor = ids) -> torch.Tensor:
+                        with torch.no_grad():  # grad mode is per thread
+                            return fast(ids)
+
+                    with ThreadPoolExecutor(8) as pool:
+                        results += list(pool.map(one, range(8 * calls)))
+                else:
+                    results += [fast(ids) for _ in range(calls)]
+            bad = sum(
+                r.shape != expected.shape or not torch.allclose(r, expected, atol=1e-4)
+                for r in results
+            )
+            if bad:
+                wrong.append(f"{bad}/{len(results)} wrong at {zoo.describe('bert', shape)}")
+            if not torch.equal(ids, kept):
+                wrong.append("input ids changed")
+    except BaseException as exc:  # the cell's verdict: nothing may escape the model call
+        return f"RAISED {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+    finally:
+        Phase.real = None
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, weights[k])]
+    if changed:
+        wrong.append(f"weights changed ({changed[0]})")
+    recorded = [
+        a
+        for g in backend.report.graphs
+        for a in g.attempts
+        if a.backend == "faulty" and a.status.value != "won" and a.reason
+    ]
+    if not recorded:
+        wrong.append("not recorded")
+    if wrong:
+        return "; ".join(wrong)
+    return f"right, recorded ({recorded[0].status.value})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument("--where", default=",".join(PLACES))
+    p.add_argument("--timeout", type=float, default=3.0, help="compile_timeout_s (default 3)")
+    p.add_argument("--reverify-rate", type=float, default=0.01, help="the chain's default")
+    p.add_argument("--calls", type=int, default=6, help="calls after selection per shape")
+    args = p.parse_args(argv)
+    faults = [f for f in args.faults.split(",") if f]
+    places = [w for w in args.where.split(",") if w]
+    for name in [*faults, *places]:
+        if name not in (*FAULTS, *PLACES):
+            p.error(f"unknown fault or place {name!r}: faults {FAULTS}, places {PLACES}")
+    torch.set_num_threads(1)
+    print(f"| fault | {' | '.join(places)} |")
+    print(f"| --- |{' --- |' * len(places)}")
+    for fault in faults:
+        row = []
+        for place in places:
+            torch._dynamo.reset()
+            row.append(cell(fault, place, args.timeout, args.reverify_rate, args.calls))
+        print(f"| {fault} | {' | '.join(row)} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""Isolation during selection: what the chain copies, what it watches, and how it tells.
+
+While the chain picks a winner it runs the graph many times: eager's reference, the
+float64 run, each candidate's first call and its timing. None of those runs may touch
+what the caller owns. So:
+
+- every tensor input that is not a parameter or buffer (activations, token ids, caches
+  handed in) gets a fresh copy per run (`Isolation.copied`); the caller's tensor is never
+  handed to a candidate, so one that zeroes its input, or scribbles and then raises,
+  damages only its own copy;
+- parameters and buffers are never copied wholesale (a GPU model may not fit twice): they
+  are watched (`WeightWatch`: version counters, plus a content fingerprint for writes that
+  bypass them), except the ones the graph itself writes in place (`written_inputs`), which
+  are copied like activations so that eager's write is not applied once per run;
+- after selection nothing is copied back: dynamo calls the returned callable on the
+  caller's real inputs right away, and that one call applies the winner's writes (the
+  ones verified equal to eager's) exactly once, as eager would.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from backends.common.fx_utils import weight_inputs
+from chain.verify import unchanged
+
+# Watched weights are copied to a CPU snapshot (to restore them if a candidate writes
+# them) only when they total at most this many bytes; above it, damage is a WeightsDamaged.
+SNAPSHOT_BYTES = 256 * 2**20
+SAMPLES = 64  # elements per weight kept in its fingerprint, evenly strided
+
+
+class WeightsDamaged(RuntimeError):
+    """A candidate wrote a parameter or buffer in place and the chain could not restore it."""
+
+
+def _written_operands(node: fx.Node) -> list[fx.Node]:
+    """The nodes `node` writes in place (its `self` for `x.add_()` and the like)."""
+    target = node.target
+    args = [a for a in node.args if isinstance(a, fx.Node)]
+    if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        out: list[fx.Node] = []
+        for i, arg in enumerate(target._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                if isinstance(value, fx.Node):
+                    out.append(value)
+        return out
+    name = str(target) if node.op == "call_method" else getattr(target, "__name__", "")
+    writes = name.endswith("_") and not name.endswith("__")
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        writes = name.startswith("i") or name in ("setitem", "delitem")
+    out_kw = node.kwargs.get("out")
+    return (args[:1] if writes else []) + ([out_kw] if isinstance(out_kw, fx.Node) else [])
+
+
+def written_inputs(gm: fx.GraphModule) -> frozenset[int]:
+    """Positions of the placeholders the graph may write in place, directly or through a
+    view (conservative: an operand is traced back through every node's first argument)."""
+    positions = {n: i for i, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    found: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        for operand in _written_operands(node):
+            seen: set[fx.Node] = set()
+            while operand not in seen:
+                seen.add(operand)
+                if operand in positions:
+                    found.add(positions[operand])
+                    break
+                first = next((a for a in operand.args if isinstance(a, fx.Node)), None)
+                if first is None:
+                    break
+                operand = first
+    return frozenset(found)
+
+
+def input_names(gm: fx.GraphModule, count: int) -> list[str]:
+    """A readable name per input: a weight's dotted module path
+    (`embeddings.word_embeddings.weight`), else the placeholder's name (`l_x_`)."""
+    names: list[str] = []
+    for node in gm.graph.find_nodes(op="placeholder")[:count]:
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        text = ""
+        if source is not None:
+            name = getattr(source, "name", "")
+            text = str(name() if callable(name) else name)
+        keys = re.findall(r"\['([^']+)'\]", text)
+        names.append(".".join(keys[1:]) if len(keys) > 1 else node.name)
+    names += [f"input {i}" for i in range(len(names), count)]
+    return names
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a weight looked like: its version counter, a strided sample and its sum."""
+
+    version: int
+    sample: torch.Tensor
+    total: torch.Tensor
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Fingerprint:
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // SAMPLES)
+        sample = flat[::step][:SAMPLES].clone()
+        wide = torch.float64 if (t.is_floating_point() or t.is_complex()) else torch.int64
+        total = flat.sum(dtype=wide if not t.is_complex() else None) if flat.numel() else flat
+        return cls(t._version, sample, total.clone())
+
+    def same_values(self, other: Fingerprint) -> bool:
+        """Whether the sampled elements and the sums are equal (NaN equal to NaN)."""
+        return unchanged(self.sample, other.sample) and unchanged(self.total, other.total)
+
+
+@dataclass
+class WeightWatch:
+    """The parameters and buffers a run may not change, checked after each candidate.
+
+    A change is seen by the version counter (every in-place op through autograd's view of
+    the tensor) or by the fingerprint (writes through `.data` or raw pointers bypass the
+    counter; a sample of `SAMPLES` strided elements and a float64 sum, one read of the
+    weights per check: less than a forward, which reads them at least once).
+    """
+
+    tensors: dict[int, torch.Tensor]
+    names: dict[int, str]
+    prints: dict[int, Fingerprint] = field(default_factory=dict)
+    snapshot: dict[int, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        self.prints = {i: Fingerprint.of(t) for i, t in self.tensors.items()}
+        size = sum(t.numel() * t.element_size() for t in self.tensors.values())
+        if size <= SNAPSHOT_BYTES:
+            self.snapshot = {i: t.detach().to("cpu", copy=True) for i, t in self.tensors.items()}
+
+    def changed(self) -> tuple[list[int], list[int]]:
+        """(positions whose values changed, positions written in place with values unchanged)."""
+        values, versions = [], []
+        for i, t in self.tensors.items():
+            now = Fingerprint.of(t)
+            if not now.same_values(self.prints[i]):
+                values.append(i)
+            elif now.version != self.prints[i].version:
+                versions.append(i)
+        return values, versions
+
+    def check(self, backend: str) -> str | None:
+        """None when `backend`'s run left every weight as it was; else the mismatch reason,
+        after restoring the weights it changed. WeightsDamaged when they cannot be."""
+        values, versions = self.changed()
+        if not values and not versions:
+            return None
+        named = ", ".join(self.names[i] for i in values or versions)
+        if not values:
+            self._refresh(versions)
+            return f"changed weight {named} in place (values unchanged)"
+        if self.snapshot is None:
+            raise WeightsDamaged(
+                f"{backend} changed weight(s) {named} in place while the chain verified it, "
+                f"and the chain kept no copy to restore them (weights over {SNAPSHOT_BYTES} "
+                "bytes): the model's weights are no longer what they were; reload them"
+            )
+        with torch.no_grad():
+            for i in values:
+                self.tensors[i].copy_(self.snapshot[i])
+        self._refresh(values + versions)
+        return f"changed weight {named} in place (restored)"
+
+    def _refresh(self, positions: Sequence[int]) -> None:
+        """Take the fingerprints anew (a restore moves the version counter on)."""
+        for i in positions:
+            self.prints[i] = Fingerprint.of(self.tensors[i])
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Per input position: which ones each run copies and which weights are watched."""
+
+    copied: tuple[int, ...]
+    watched: tuple[int, ...]
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, gm: fx.GraphModule, inputs: Sequence[object]) -> Isolation:
+        weights = set(weight_inputs(gm, inputs)) - written_inputs(gm)
+        tensors = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+        return cls(
+            copied=tuple(i for i in tensors if i not in weights),
+            watched=tuple(i for i in tensors if i in weights),
+            names=tuple(input_names(gm, len(inputs))),
+        )
+
+    def watch(self, inputs: Sequence[object]) -> WeightWatch:
+        """A watch over this call's weights (taken before any candidate runs)."""
+        tensors = {i: t for i in self.watched if isinstance(t := inputs[i], torch.Tensor)}
+        return WeightWatch(tensors, {i: self.names[i] for i in tensors})
+
+
+def fresh_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy with the same values, layout (`clone` keeps strides) and requires_grad."""
+    return x.detach().clone().requires_grad_(x.requires_grad)

@@ -1,0 +1,44 @@
+"""What a repro needs, taken when a graph compiles: its code, and where its backends live."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from torch import fx
+
+from backends.registry import Backend
+
+log = logging.getLogger("chain")
+
+
+def graph_code(gm: fx.GraphModule) -> str | None:
+    """The graph module as a standalone `class Repro(torch.nn.Module)` (dynamo's minifier
+    writer); None, with a warning, when it cannot be written."""
+    from torch._dynamo.debug_utils import NNModuleToString
+
+    try:
+        return NNModuleToString.convert(gm)
+    except Exception as e:  # an internal writer: a failure costs the repro, not the run
+        log.warning("graph code not kept for repros: %s: %s", type(e).__name__, e)
+        return None
+
+
+BUILT_IN = ("backends", "torch", "chain")  # a fresh process has these by name
+
+
+def sources(backends: Iterable[Backend]) -> dict[str, str]:
+    """`module:qualified.name` of each backend that a fresh process knows only once the
+    user's module is imported (a plain callable, or one registered there), when that can
+    be imported (not a lambda, a local function or `__main__`)."""
+    found = {}
+    for backend in backends:
+        compiler = backend.compiler
+        target = compiler if hasattr(compiler, "__qualname__") else type(compiler)
+        module = getattr(target, "__module__", None)
+        qualname = getattr(target, "__qualname__", "")
+        if module is None or module.split(".")[0] in BUILT_IN:
+            continue
+        if qualname and "<" not in qualname and module != "__main__":
+            found[backend.name] = f"{module}:{qualname}"
+    return found

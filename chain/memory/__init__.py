@@ -1,0 +1,43 @@
+"""Remembered decisions: per graph, the winner a selection chose, kept in a store so that
+a new process compiles only that winner (verified once against eager, not timed).
+
+key.py: what the key hashes; entry.py: the stored form (digest, HMAC); stores.py: a local
+directory or Redis; remember.py: lookup and store around the chain's selection; tools.py:
+list, show, clear (`python -m chain store ...`).
+"""
+
+from __future__ import annotations
+
+from chain.memory.entry import BadEntry, Decision
+from chain.memory.remember import Memory, MemoryWarning, Recall, hit_note, miss_note, replay
+from chain.memory.stores import (
+    CACHE_DIR_ENV,
+    MEMORY_ENV,
+    STORE_ENV,
+    LocalStore,
+    RedisStore,
+    StoreUnavailable,
+    default_dir,
+    enabled_by_env,
+    open_store,
+)
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "MEMORY_ENV",
+    "STORE_ENV",
+    "BadEntry",
+    "Decision",
+    "LocalStore",
+    "Memory",
+    "MemoryWarning",
+    "Recall",
+    "RedisStore",
+    "StoreUnavailable",
+    "default_dir",
+    "enabled_by_env",
+    "hit_note",
+    "miss_note",
+    "open_store",
+    "replay",
+]

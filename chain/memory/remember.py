@@ -1,0 +1,177 @@
+"""The chain's memory: look a graph's decision up before selection, store it after.
+
+Records in, records out: the chain hands over its graph, inputs and finished record; this
+module never calls a backend. A store that fails is a warning and a cold start; an entry
+that fails its checks is a note on the graph and a warning, and is never loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import fx
+
+from chain.memory.entry import BadEntry, Decision, decode, encode
+from chain.memory.key import digest, key_parts
+from chain.memory.stores import Store, StoreUnavailable, open_store
+from chain.records import Attempt, GraphRecord, Status
+
+
+class MemoryWarning(UserWarning):
+    """The decision store could not be used (unreachable, refused entry): selection runs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recall:
+    """A graph's lookup: its key (None: no key, nothing to store), the decision found, notes."""
+
+    key: str | None
+    parts: dict[str, Any]
+    decision: Decision | None
+    notes: tuple[str, ...] = ()
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, MemoryWarning, stacklevel=3)
+
+
+class Memory:
+    """Decisions for one chain, in the store `spec` names (opened at the first lookup)."""
+
+    def __init__(self, spec: str | os.PathLike[str] | None, chain: Mapping[str, Any]) -> None:
+        self.spec = spec
+        self.chain = dict(chain)
+        self._store: Store | None = None
+        self._down: str | None = None  # why the store is not used in this process
+        self._lock = threading.Lock()
+
+    def store(self) -> Store | None:
+        """The store, opened once; None (with a warning, once) when it cannot be."""
+        with self._lock:
+            if self._store is None and self._down is None:
+                try:
+                    self._store = open_store(self.spec)
+                except StoreUnavailable as e:
+                    self._fail(str(e))
+            return self._store
+
+    def _fail(self, why: str) -> str:
+        """Stop using the store for this process; warn once. Returns the graph's note."""
+        if self._down is None:
+            self._down = why
+            self._store = None
+            _warn(f"decision store unusable, selecting as usual (cold start): {why}")
+        return f"memory: store unusable ({self._down}): cold start"
+
+    def recall(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> Recall:
+        """The decision remembered for this graph on these inputs under this chain, if any."""
+        parts = key_parts(gm, inputs, self.chain)
+        key = digest(parts)
+        store = self.store()
+        if store is None:
+            return Recall(key, parts, None, (self._fail(self._down or "closed"),))
+        try:
+            data = store.get(key)
+        except StoreUnavailable as e:
+            return Recall(key, parts, None, (self._fail(str(e)),))
+        if data is None:
+            return Recall(key, parts, None)
+        try:
+            decision, _ = decode(data, key)
+        except BadEntry as e:
+            note = f"memory: entry {key} in {store.location} ignored: {e}; selecting anew"
+            _warn(note)
+            return Recall(key, parts, None, (note,))
+        return Recall(key, parts, decision)
+
+    def remember(self, recall: Recall, record: GraphRecord) -> str | None:
+        """Store the record's decision under the recall's key; a note when it could not be."""
+        if recall.key is None or record.winner is None:
+            return None
+        store = self.store()
+        if store is None:
+            return None  # the lookup's note already says why
+        decision = Decision(
+            winner=record.winner,
+            attempts=tuple(_without_memory(a) for a in record.attempts),
+            eager_ms=record.eager_ms,
+            eager_spread_ms=record.eager_spread_ms,
+            decided_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            extra={"origin": record.origin, "fingerprint": record.fingerprint},
+        )
+        try:
+            store.put(recall.key, encode(recall.key, recall.parts, decision))
+        except StoreUnavailable as e:
+            return self._fail(str(e))
+        return None
+
+
+def _without_memory(attempt: Attempt) -> Attempt:
+    """An attempt as stored: no `remembered` detail from an earlier replay."""
+    details = {k: v for k, v in attempt.details.items() if k != "remembered"}
+    return dataclasses.replace(attempt, details=details)
+
+
+def replay(recall: Recall, fresh: Attempt) -> tuple[Attempt, ...] | None:
+    """The graph's attempts on a hit: the winner compiled and verified now (`fresh`) with
+    the decision's latency and speedup, the others as decided; None if `fresh` failed.
+
+    Every attempt carries `details["remembered"]` = {decided_at, host, pid, key, compiled}:
+    `compiled` is True only for the winner, the one backend compiled in this process.
+    """
+    decision = recall.decision
+    if decision is None or fresh.status is not Status.WON:
+        return None
+    meta = {
+        "decided_at": decision.decided_at,
+        "host": decision.host,
+        "pid": decision.pid,
+        "key": recall.key,
+    }
+    out = []
+    for a in decision.attempts:
+        if a.backend == decision.winner:
+            a = dataclasses.replace(
+                fresh,
+                reason=fresh.reason or a.reason,
+                latency_ms=a.latency_ms,
+                speedup=a.speedup,
+                spread_ms=a.spread_ms,
+                details={
+                    **fresh.details,
+                    "remembered": {**meta, "compiled": True, "decided_compile_s": a.compile_s},
+                },
+            )
+        else:
+            remembered = {**meta, "compiled": False}
+            a = dataclasses.replace(a, details={**a.details, "remembered": remembered})
+        out.append(a)
+    return tuple(out)
+
+
+def hit_note(recall: Recall) -> str:
+    """The graph's note on a hit: whose decision, and what was (not) done this time."""
+    decision = recall.decision
+    if decision is None:
+        return ""
+    return (
+        f"remembered: {decision.winner} as decided {decision.where()} (key {recall.key}); "
+        "only it was compiled and verified, nothing timed: figures are the decision's"
+    )
+
+
+def miss_note(recall: Recall, failed: Attempt) -> str:
+    """The graph's note when the remembered winner failed now: selected anew, entry replaced."""
+    return (
+        f"memory: remembered winner {failed.backend} failed now ({failed.status}: "
+        f"{failed.reason}); selected anew and replaced the entry"
+    )

@@ -1,0 +1,13 @@
+"""Run-time checks of a winning backend (records in, records out; no import of chain.core).
+
+`Watch` checks every call of a winner cheaply (`expect`), re-verifies a sample of calls
+against eager on the real arguments (`schedule`, `reverify`), keeps what a graph writes so
+a failed call can be undone (`writes`), and counts all of it on the graph's record (`stats`).
+"""
+
+from chain.watch.expect import Expected
+from chain.watch.stats import RunChecks
+from chain.watch.watch import Demoted, Watch
+from chain.watch.writes import InputsWritten, Writes
+
+__all__ = ["Demoted", "Expected", "InputsWritten", "RunChecks", "Watch", "Writes"]

@@ -1,0 +1,221 @@
+"""What eager's outputs look like, and a per-call check that a winner's outputs still do.
+
+Recorded once at selection from eager's run: the output structure, and per tensor output
+its dtype, device, shape, which input it aliases (a view of it, as `x.view(-1)` is) and
+whether it is channels_last. For dynamic graphs a shape is kept as the expressions dynamo
+recorded (its `example_value`/`val` meta: SymInts), each turned into a small function of
+the symbols' sources in this call's arguments (an int argument, or a dim of a tensor
+argument); a dim whose expression cannot be evaluated so is left unchecked, and listed.
+
+Aliasing is checked against the non-parameter tensor inputs only (a few per graph); an
+output aliasing a parameter is left to re-verification. NaN/inf is looked for only in CPU
+outputs (on a GPU, reading the answer would synchronize every call); finding one makes the
+call suspect (re-verified at once), not wrong: eager may produce NaN too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+Dim = int | Callable[[Sequence[Any]], int] | None  # fixed, from this call's args, unchecked
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """One tensor output of eager: what every winner's output at this position must match."""
+
+    index: int
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[Dim, ...]
+    static: tuple[int, ...] | None  # the whole shape, when no dim is symbolic
+    alias: int | None  # the input it is a view of in eager (None: fresh memory)
+    channels_last: bool
+    finite_cpu: bool  # a CPU floating output, finite in eager: NaN/inf in it is suspect
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN/inf in `t`, read from its sum (one kernel, where isfinite().all() takes two): a
+    NaN or inf makes the sum non-finite; a sum that overflows only makes the call suspect."""
+    wide = torch.float64 if t.dtype in (torch.float16, torch.bfloat16) else None
+    return math.isfinite(float(t.detach().sum(dtype=wide)))
+
+
+def _storage(t: torch.Tensor) -> int:
+    """Where a tensor's memory starts (0 for an empty one: it aliases nothing)."""
+    return t.untyped_storage().data_ptr() if t.numel() else 0
+
+
+def _sources(gm: fx.GraphModule) -> dict[sympy.Symbol, Callable[[Sequence[Any]], int]]:
+    """For each plain symbol of the graph's inputs, how to read its value from the args."""
+    found: dict[sympy.Symbol, Callable[[Sequence[Any]], int]] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(val, torch.SymInt) and isinstance(val.node.expr, sympy.Symbol):
+            found.setdefault(val.node.expr, lambda args, i=i: int(args[i]))
+        elif isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                    found.setdefault(size.node.expr, lambda args, i=i, d=d: args[i].shape[d])
+    return found
+
+
+def _dim(size: Any, sources: dict[sympy.Symbol, Callable[[Sequence[Any]], int]]) -> Dim:
+    """A dim of an output's recorded shape as a fixed int, a function of the args, or None."""
+    if isinstance(size, int):
+        return size
+    expr = size.node.expr if isinstance(size, torch.SymInt) else None
+    if expr is None or not expr.free_symbols <= sources.keys():
+        return None
+    symbols = sorted(expr.free_symbols, key=str)
+    try:
+        fn = sympy.lambdify(symbols, expr, modules="math")
+    except (TypeError, ValueError, NameError, SyntaxError):
+        return None
+    reads = [sources[s] for s in symbols]
+    return lambda args: int(fn(*(read(args) for read in reads)))
+
+
+def _evaluate(dim: Callable[[Sequence[Any]], int], inputs: Sequence[Any]) -> int | None:
+    """A dim's function on eager's own inputs; None when it cannot be evaluated there."""
+    try:
+        return dim(inputs)
+    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError):
+        return None  # the caller lists the dim as unchecked
+
+
+def _output_vals(gm: fx.GraphModule) -> list[Any] | None:
+    """The recorded (fake) values of the graph's outputs, flattened; None when not recorded."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return None
+    vals = []
+    for leaf in pytree.tree_leaves(out.args[0]):
+        if not isinstance(leaf, fx.Node):
+            vals.append(leaf)
+            continue
+        if "example_value" not in leaf.meta and "val" not in leaf.meta:
+            return None
+        vals.append(leaf.meta.get("example_value", leaf.meta.get("val")))
+    return vals
+
+
+class Expected:
+    """Eager's outputs, described; `check(args, out)` says what a winner's output gets wrong."""
+
+    def __init__(
+        self, gm: fx.GraphModule, inputs: Sequence[Any], outputs: Any, watched: Sequence[int]
+    ) -> None:
+        """`inputs`: what eager ran on; `outputs`: what it returned; `watched`: positions of
+        the non-parameter tensor inputs (aliasing is checked against these)."""
+        self.flat = isinstance(outputs, tuple | list)
+        leaves, self.spec = pytree.tree_flatten(_as_tuple(outputs))
+        self.count = len(leaves)
+        self.watched = tuple(watched)
+        self.unchecked: list[str] = []
+        vals = _output_vals(gm)
+        if vals is not None and len(vals) != len(leaves):
+            vals = None
+        sources = _sources(gm)
+        storages = {
+            _storage(x): i
+            for i, x in enumerate(inputs)
+            if isinstance(x, torch.Tensor) and x.numel()
+        }
+        specs = []
+        for i, out in enumerate(leaves):
+            if not isinstance(out, torch.Tensor):
+                continue
+            recorded = vals[i] if vals is not None else None
+            shape: tuple[Dim, ...]
+            if isinstance(recorded, torch.Tensor) and len(recorded.shape) == out.dim():
+                dims = [_dim(s, sources) for s in recorded.shape]
+                for d, size in enumerate(recorded.shape):
+                    # a dim the check would get wrong on eager's own run is not checked
+                    if callable(dims[d]) and _evaluate(dims[d], inputs) != out.shape[d]:
+                        dims[d] = None
+                    if dims[d] is None:
+                        self.unchecked.append(f"output {i} dim {d} ({size}): not evaluable")
+                shape = tuple(dims)
+            else:
+                shape = tuple(out.shape)
+            static = tuple(shape) if all(isinstance(d, int) for d in shape) else None
+            alias = storages.get(_storage(out)) if out.numel() else None
+            if alias is not None and alias not in self.watched:
+                self.unchecked.append(f"output {i} aliases input {alias}, a parameter")
+                alias = None
+            specs.append(
+                OutputSpec(
+                    index=i,
+                    dtype=out.dtype,
+                    device=out.device,
+                    shape=shape,
+                    static=static,  # type: ignore[arg-type]
+                    alias=alias,
+                    channels_last=out.dim() == 4
+                    and not out.is_contiguous()
+                    and out.is_contiguous(memory_format=torch.channels_last),
+                    finite_cpu=out.device.type == "cpu"
+                    and out.is_floating_point()
+                    and _finite(out),
+                )
+            )
+        self.specs = tuple(specs)
+        self.aliasing = any(s.alias is not None for s in specs)
+
+    def check(self, args: Sequence[Any], out: Any) -> tuple[str | None, bool]:
+        """(what is wrong with `out`, or None; whether it is suspect: NaN/inf to re-verify)."""
+        if self.flat and isinstance(out, tuple | list):
+            if len(out) != self.count:
+                return f"{len(out)} output(s) where eager has {self.count}", False
+            leaves = out
+        else:
+            leaves, spec = pytree.tree_flatten(_as_tuple(out))
+            if spec != self.spec:
+                return f"output structure {spec} where eager has {self.spec}", False
+        storages = None
+        suspect = False
+        for s in self.specs:
+            t = leaves[s.index]
+            i = s.index
+            if not isinstance(t, torch.Tensor):
+                return f"output {i} is a {type(t).__name__} where eager has a tensor", False
+            if t.dtype != s.dtype:
+                return f"output {i} has dtype {t.dtype} where eager has {s.dtype}", False
+            if t.device != s.device:
+                return f"output {i} is on {t.device} where eager's is on {s.device}", False
+            if s.static is not None:
+                if t.shape != s.static:
+                    return f"output {i} has shape {tuple(t.shape)}, eager {s.static}", False
+            else:
+                want = tuple(d if d is None or isinstance(d, int) else d(args) for d in s.shape)
+                if len(t.shape) != len(want) or any(
+                    w is not None and w != g for w, g in zip(want, t.shape, strict=True)
+                ):
+                    return f"output {i} has shape {tuple(t.shape)}, eager {want}", False
+            if s.alias is not None:
+                if _storage(t) != _storage(args[s.alias]):
+                    return f"output {i} does not alias input {s.alias} as eager's does", False
+            elif self.watched and t.numel():
+                if storages is None:
+                    storages = {_storage(args[j]): j for j in self.watched}
+                if (j := storages.get(_storage(t))) is not None:
+                    return f"output {i} aliases input {j}; eager's is fresh memory", False
+            if s.channels_last and not t.is_contiguous(memory_format=torch.channels_last):
+                return f"output {i} is not channels_last as eager's is", False
+            if s.finite_cpu and not suspect and not _finite(t):
+                suspect = True
+        return None, suspect
+
+
+def _as_tuple(out: Any) -> Any:
+    return tuple(out) if isinstance(out, list) else out

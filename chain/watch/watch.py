@@ -1,0 +1,126 @@
+"""One winner under watch: the cheap checks of every call, and re-verification of some.
+
+Built by the chain from what selection already has (eager's outputs on the example inputs,
+the inputs it wrote, the float64 reference when there was one); the guard calls `check`
+after each call of the winner and `reverify` on the calls the schedule picks.
+Re-verification uses selection's rule (`chain.verify.compare`) against an eager run on the
+call's own arguments, before the winner's call and on copies of what the graph writes, so
+no write is applied twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from chain.fp64 import fp64_graph, fp64_inputs
+from chain.verify import compare, compare_writes
+from chain.watch.expect import Expected
+from chain.watch.schedule import Schedule
+from chain.watch.stats import RunChecks
+from chain.watch.writes import Writes
+
+
+class Demoted(Exception):
+    """A winner caught wrong at run time: the chain records a mismatch and moves on."""
+
+    def __init__(self, call: int, reason: str) -> None:
+        super().__init__(f"at call {call}: {reason}")
+        self.call = call
+        self.reason = reason
+
+
+class Watch:
+    """The run-time checks of one winner of one graph (a new Watch per winner)."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        expected: Expected | None,
+        writes: Writes | None,
+        stats: RunChecks,
+        *,
+        reverify_rate: float,
+        tolerances: dict[torch.dtype, tuple[float, float]] | None,
+        fp64: bool,
+    ) -> None:
+        self.gm = gm
+        self.expected = expected
+        self.writes = writes
+        self.stats = stats
+        self.tolerances = tolerances
+        self.fp64 = fp64
+        self.counter = itertools.count(1)  # next() is atomic: call numbers under threads
+        self.schedule = Schedule(reverify_rate if expected is not None else 0.0)
+        self._fp64_gm: fx.GraphModule | None = None
+        self._lock = threading.Lock()  # the float64 copy is built once
+
+    def call_number(self) -> int:
+        """The number of this call of the winner (1, 2, ...), counted on the record."""
+        n = next(self.counter)
+        self.stats.calls = n
+        return n
+
+    def check(self, n: int, args: Sequence[Any], out: Any) -> tuple[str | None, bool]:
+        """The cheap checks: (why `out` is wrong, whether to re-verify this call at once)."""
+        if self.expected is None:
+            return None, False
+        reason, suspect = self.expected.check(args, out)
+        return reason, suspect or n >= self.schedule.due
+
+    def can_reverify_after(self, kept: dict[int, Any] | None) -> bool:
+        """Whether eager can still run as of before a call that has run: nothing written, or
+        copies of it kept (past the snapshot cap, a suspect call is left unchecked)."""
+        return self.writes is None or (kept is not None and self.writes.snapshots)
+
+    def reverify(
+        self,
+        n: int,
+        args: Sequence[Any],
+        kept: dict[int, Any] | None,
+        run: Callable[[], Any],
+    ) -> tuple[Any, str | None]:
+        """Run eager (first, on copies of what the graph writes), then `run` (the winner's
+        call, or its output already computed), and compare as selection does.
+
+        Returns the winner's output and why it is wrong (None: it matches eager).
+        """
+        start = time.perf_counter()
+        eager_args = self.writes.eager_inputs(args, kept or {}) if self.writes else list(args)
+        with torch.no_grad():
+            expected = self.gm(*eager_args)
+            fp64 = self._run_fp64(eager_args) if self.fp64 else None
+        eager_s = time.perf_counter() - start
+        out = run()
+        call_s = time.perf_counter() - start - eager_s
+        reason = self.expected.check(args, out)[0] if self.expected is not None else None
+        if reason is None:
+            reason = compare(expected, out, self.tolerances, fp64=fp64).reason
+        if reason is None and self.writes is not None:
+            eager_wrote = {i: eager_args[i] for i in self.writes.positions}
+            wrote = {i: args[i] for i in self.writes.positions}
+            verdict = compare_writes(eager_wrote, wrote, self.tolerances)
+            reason = verdict.reason if verdict is not None else None
+        self.stats.reverified += 1
+        self.schedule.done(n, time.perf_counter() - start - call_s, call_s)
+        return out, reason
+
+    def _run_fp64(self, args: Sequence[Any]) -> Any:
+        """The graph in float64 on `args` (the copy built at the first re-verification)."""
+        try:
+            with self._lock:
+                if self._fp64_gm is None:
+                    self._fp64_gm = fp64_graph(self.gm)
+            return self._fp64_gm(*fp64_inputs(args))
+        except Exception as exc:  # as at selection: the reason is kept, tolerances are used
+            note = f"no float64 reference at run time ({type(exc).__name__}): dtype tolerances"
+            if note not in self.stats.unchecked:
+                self.stats.unchecked.append(note)
+            self.fp64 = False
+            return None

@@ -1,0 +1,416 @@
+"""Remembered decisions (chain.memory): a warm process compiles only the winner; any change
+of key misses; corrupt, tampered or unreachable stores are notes and cold starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+import chain.core as core
+import chain.memory.key as memory_key
+from backends.errors import InvalidOption
+from chain import Report, Status, chain
+from chain.memory import MemoryWarning
+from chain.memory.entry import decode
+from chain.store import clear, entries, show
+from tests.models import MLP
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(backend: Any, batch: int = 4) -> Any:
+    """A small MLP compiled afresh through `backend` at `batch` rows; returns its record."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, x = MLP().eval(), torch.randn(batch, 32)
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend, dynamic=False)(x)
+        torch.testing.assert_close(out, model(x))
+    return backend.report.graphs[-1]
+
+
+def _remembered(record: Any) -> bool:
+    return any(n.startswith("remembered:") for n in record.notes)
+
+
+@pytest.fixture
+def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The backends compiled in this process, by name, in order."""
+    names: list[str] = []
+    real = core.try_backend
+
+    def counting(backend: Any, *args: Any, **kwargs: Any) -> Any:
+        names.append(backend.name)
+        return real(backend, *args, **kwargs)
+
+    monkeypatch.setattr(core, "try_backend", counting)
+    return names
+
+
+# -- in one process: hits, misses, refused entries ------------------------------------
+
+
+def test_hit_compiles_only_the_winner_and_keeps_the_figures(
+    tmp_path: Path, compiles: list[str]
+) -> None:
+    first = _run(chain("inductor", "eager", mode="fastest", store=tmp_path, memory=True))
+    assert not _remembered(first)
+    assert sorted(compiles) == ["eager", "inductor"]
+    compiles.clear()
+    second = _run(chain("inductor", "eager", mode="fastest", store=tmp_path, memory=True))
+    assert _remembered(second), second.notes
+    assert compiles == [first.winner]
+    assert second.winner == first.winner
+    assert [(a.backend, a.status) for a in second.attempts] == [
+        (a.backend, a.status) for a in first.attempts
+    ]
+    won = second.winning_attempt
+    assert won.latency_ms == first.winning_attempt.latency_ms  # the decision's figures
+    assert won.details["remembered"]["compiled"] is True
+    assert won.max_abs_err is not None  # verified against eager now
+    others = [a for a in second.attempts if a.backend != second.winner]
+    assert all(a.details["remembered"]["compiled"] is False for a in others)
+    assert second.eager_ms == first.eager_ms
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"mode": "fastest"}, id="mode"),
+        pytest.param(
+            {"options": {"inductor": {"mode": "max-autotune-no-cudagraphs"}}}, id="options"
+        ),
+        pytest.param({"eager_floor": False}, id="eager_floor"),
+        pytest.param({"batch": 5}, id="shape"),
+        pytest.param({"versions": True}, id="versions"),
+        pytest.param({"threads": True}, id="threads"),
+    ],
+)
+def test_a_change_of_key_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: dict[str, Any]
+) -> None:
+    _run(chain("eager", store=tmp_path, memory=True))
+    assert _remembered(_run(chain("eager", store=tmp_path, memory=True)))
+    batch = change.pop("batch", 4)
+    if change.pop("versions", False):
+        packages = dict(memory_key._packages(), torch="9.9.9")
+        monkeypatch.setattr(memory_key, "_packages", lambda: packages)
+    if change.pop("threads", False):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+    backends = ("inductor", "eager") if "options" in change else ("eager",)
+    record = _run(chain(*backends, store=tmp_path, memory=True, **change), batch=batch)
+    assert not _remembered(record), record.notes
+
+
+def test_memory_off_by_option_and_by_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHAIN_MEMORY", "1")
+    monkeypatch.setenv("CHAIN_STORE", str(tmp_path))
+    _run(chain("eager"))
+    assert len(entries()) == 1
+    assert _remembered(_run(chain("eager")))
+    assert not _remembered(_run(chain("eager", memory=False)))
+    monkeypatch.setenv("CHAIN_MEMORY", "0")
+    assert chain("eager").memory is None
+
+
+def test_corrupt_entry_is_ignored_with_a_note_and_replaced(tmp_path: Path) -> None:
+    _run(chain("eager", store=tmp_path, memory=True))
+    [path] = tmp_path.glob("*.json")
+    path.write_bytes(path.read_bytes()[:-40])  # truncated
+    with pytest.warns(MemoryWarning, match="ignored: not JSON"):
+        record = _run(chain("eager", store=tmp_path, memory=True))
+    assert not _remembered(record)
+    assert any("ignored: not JSON" in n for n in record.notes), record.notes
+    decision, _ = decode(path.read_bytes(), path.stem)  # replaced by a valid entry
+    assert decision.winner == "eager"
+
+
+def _edit(path: Path, change: Any) -> None:
+    """Change an entry's decision and fix its digest: only a signature can catch that."""
+    import hashlib
+
+    entry = json.loads(path.read_bytes())
+    change(entry["decision"])
+    body = {k: entry[k] for k in ("format", "key", "parts", "decision")}
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    entry["digest"] = hashlib.sha256(raw).hexdigest()
+    path.write_text(json.dumps(entry))
+
+
+def test_edited_entry_fails_its_digest(tmp_path: Path) -> None:
+    _run(chain("eager", store=tmp_path, memory=True))
+    [path] = tmp_path.glob("*.json")
+    path.write_text(path.read_text().replace('"host": "', '"host": "x'))
+    with pytest.warns(MemoryWarning, match="digest does not match"):
+        record = _run(chain("eager", store=tmp_path, memory=True))
+    assert not _remembered(record)
+
+
+def test_tampered_entry_fails_its_signature(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHAIN_MEMORY_KEY", "fleet-secret")
+    _run(chain("inductor", "eager", store=tmp_path, memory=True))
+    [path] = tmp_path.glob("*.json")
+    assert _remembered(_run(chain("inductor", "eager", store=tmp_path, memory=True)))
+
+    def to_eager(decision: dict[str, Any]) -> None:
+        for a in decision["attempts"]:
+            a["status"] = "won" if a["backend"] == "eager" else "slower"
+        decision["winner"] = "eager"
+
+    _edit(path, to_eager)
+    with pytest.warns(MemoryWarning, match="signature does not match"):
+        record = _run(chain("inductor", "eager", store=tmp_path, memory=True))
+    assert not _remembered(record)
+    assert any("signature does not match" in n for n in record.notes), record.notes
+    assert entries(tmp_path)[0]["check"] == "ok"  # replaced, signed again
+
+
+def test_unsigned_entry_is_refused_when_a_key_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _run(chain("eager", store=tmp_path, memory=True))
+    monkeypatch.setenv("CHAIN_MEMORY_KEY", "fleet-secret")
+    with pytest.warns(MemoryWarning, match="not signed"):
+        record = _run(chain("eager", store=tmp_path, memory=True))
+    assert not _remembered(record)
+
+
+def test_a_remembered_winner_that_fails_now_means_a_selection(tmp_path: Path) -> None:
+    broken = {"now": False}
+
+    def flaky(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if broken["now"]:
+            raise RuntimeError("flaky broke")
+        return gm.forward
+
+    first = _run(chain(flaky, "eager", store=tmp_path, memory=True))
+    assert first.winner == "flaky"
+    broken["now"] = True
+    record = _run(chain(flaky, "eager", store=tmp_path, memory=True))
+    assert record.winner == "eager"
+    assert not _remembered(record)
+    assert any("remembered winner flaky failed now" in n for n in record.notes), record.notes
+    [row] = entries(tmp_path)
+    assert row["winner"] == "eager"  # the entry was replaced
+
+
+def test_bad_options_are_one_line_errors() -> None:
+    with pytest.raises(InvalidOption, match="memory"):
+        chain("eager", memory="yes")
+    with pytest.raises(InvalidOption, match="redis://"):
+        chain("eager", store="http://cache:6379")
+
+
+def test_threads_share_one_memory(tmp_path: Path) -> None:
+    """Graphs compiled from threads (one per shape) each get their record and their entry."""
+    import concurrent.futures
+
+    backend = chain("eager", store=tmp_path, memory=True)
+    torch.manual_seed(0)
+    model = MLP().eval()
+    fast = torch.compile(model, backend=backend, dynamic=False)
+
+    def call(batch: int) -> None:
+        with torch.no_grad():
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(call, (2, 3, 4, 5)))
+    assert len(backend.report.graphs) == 4
+    assert len(entries(tmp_path)) == 4
+
+
+# -- stores ---------------------------------------------------------------------------
+
+_WRITER = """
+import sys
+from chain.memory import Decision, open_store
+from chain.memory.entry import encode
+from chain.records import Attempt, Status
+store = open_store(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    d = Decision(sys.argv[2], (Attempt(sys.argv[2], Status.WON, latency_ms=float(i)),))
+    store.put("ab" * 16, encode("ab" * 16, {"writer": sys.argv[2]}, d))
+"""
+
+
+def test_two_processes_writing_one_key_leave_a_valid_entry(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), name, "300"], env=env)
+        for name in ("inductor", "onnxruntime")
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    decision, parts = decode((tmp_path / ("ab" * 16 + ".json")).read_bytes(), "ab" * 16)
+    assert decision.winner in ("inductor", "onnxruntime")
+    assert parts["writer"] == decision.winner
+    assert [p.name for p in tmp_path.iterdir()] == ["ab" * 16 + ".json"]  # no temp files left
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_redis_is_a_warning_and_a_cold_start(compiles: list[str]) -> None:
+    pytest.importorskip("redis", reason="the redis client: pip install 'backend-chain[fleet]'")
+    backend = chain("eager", store=f"redis://127.0.0.1:{_free_port()}/0", memory=True)
+    with pytest.warns(MemoryWarning, match="cold start"):
+        record = _run(backend)
+    assert record.winner == "eager"
+    assert any("store unusable" in n for n in record.notes), record.notes
+    _run(backend, 5)  # the store is not asked again: no second wait, still a note
+    assert any("store unusable" in n for n in backend.report.graphs[-1].notes)
+    assert compiles == ["eager", "eager"]
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A real redis-server on a free port (no persistence); skipped where none can start."""
+    pytest.importorskip("redis", reason="the redis client: pip install 'backend-chain[fleet]'")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                pytest.skip(f"redis-server did not start: {proc.stderr.read().decode()[-300:]}")
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.skip("redis-server did not answer within 5 s")
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_redis_store_serves_a_second_chain(redis_url: str, compiles: list[str]) -> None:
+    clear(redis_url)
+    first = _run(chain("inductor", "eager", mode="fastest", store=redis_url, memory=True))
+    compiles.clear()
+    second = _run(chain("inductor", "eager", mode="fastest", store=redis_url, memory=True))
+    assert _remembered(second), second.notes
+    assert compiles == [first.winner]
+    [row] = entries(redis_url)
+    assert row["winner"] == first.winner and row["check"] == "ok"
+    assert show(row["key"], redis_url)["decision"]["winner"] == first.winner
+    assert clear(redis_url) == 1
+    assert entries(redis_url) == []
+
+
+def test_store_cli_lists_shows_and_clears(tmp_path: Path) -> None:
+    _run(chain("eager", store=tmp_path, memory=True))
+    [key] = [p.stem for p in tmp_path.glob("*.json")]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "chain", "store", "--store", str(tmp_path), *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+
+    listed = cli("list")
+    assert listed.returncode == 0 and key in listed.stdout and "eager" in listed.stdout
+    shown = cli("show", key)
+    assert json.loads(shown.stdout)["decision"]["winner"] == "eager"
+    missing = cli("show", "0" * 32)
+    assert missing.returncode == 2 and missing.stderr.startswith("chain store: error: no entry")
+    assert "Traceback" not in missing.stderr
+    assert cli("clear").returncode == 0
+    assert list(tmp_path.glob("*.json")) == []
+
+
+# -- a second process -----------------------------------------------------------------
+
+_PROCESS = """
+import json, sys
+import torch
+import chain.core as core
+from chain import chain
+from chain.bench import zoo
+
+compiled = []
+real = core.try_backend
+def counting(backend, *args, **kwargs):
+    compiled.append(backend.name)
+    return real(backend, *args, **kwargs)
+core.try_backend = counting
+
+backend = chain("onnxruntime", "eager", mode="fastest", report_path=sys.argv[1])
+fast = torch.compile(zoo.build("bert"), backend=backend)
+with torch.no_grad():
+    for shape in (0, 1):
+        fast(*zoo.inputs("bert", shape))
+print(json.dumps(compiled))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_compiles_only_the_winner(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CHAIN_MEMORY": "1",
+        "CHAIN_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    env.pop("CHAIN_STORE", None)
+
+    def process(name: str) -> tuple[Report, list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_PROCESS), str(tmp_path / name)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return Report.load(tmp_path / name), json.loads(done.stdout.strip().splitlines()[-1])
+
+    cold, cold_compiled = process("cold.json")
+    assert len(cold.graphs) == 2  # two shapes: a static graph, then a dynamic one
+    assert sorted(cold_compiled) == ["eager", "eager", "onnxruntime", "onnxruntime"]
+    assert not any(_remembered(g) for g in cold.graphs)
+    assert len(list((tmp_path / "cache" / "decisions").glob("*.json"))) == 2
+
+    warm, warm_compiled = process("warm.json")
+    assert warm_compiled == [g.winner for g in cold.graphs]  # the winners, nothing else
+    for before, after in zip(cold.graphs, warm.graphs, strict=True):
+        assert _remembered(after), after.notes
+        assert after.winner == before.winner
+        now = [a for a in after.attempts if a.details["remembered"]["compiled"]]
+        assert [a.backend for a in now] == [after.winner]  # counted from the report
+        assert after.winning_attempt.speedup == before.winning_attempt.speedup
+        assert [a.status for a in after.attempts] == [a.status for a in before.attempts]
+    assert {a.status for g in warm.graphs for a in g.attempts} <= {Status.WON, Status.SLOWER}

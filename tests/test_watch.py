@@ -1,0 +1,306 @@
+"""Run time stays true (chain.watch): a winner caught wrong after selection is demoted with
+the call number and the user gets the right answer; a fallback holds under threads; a write
+is never applied twice."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+from backends.errors import InvalidOption
+from chain import Status, chain
+from chain.bench import zoo
+from chain.records import GraphRecord
+from chain.watch import RunChecks
+
+pytestmark = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
+
+
+class LaterWrong:
+    """Right for selection and the first user call of each graph, then `spoil`s its outputs.
+
+    Its runner counts its own calls: call 1 is the chain's verification at selection (the
+    tests use measure=False), so run call k + 1 is the guard's call k.
+    """
+
+    def __init__(self, spoil: Callable[[int, tuple[Any, ...], list[Any]], list[Any]]) -> None:
+        self.spoil = spoil
+        self.__name__ = "later_wrong"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        calls = 0
+
+        def run(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            out = list(gm(*args))
+            return self.spoil(calls - 1, args, out) if calls > 2 else out
+
+        return run
+
+
+class Switch:
+    """A backend that runs eager until `broken` is set, then raises on every call."""
+
+    def __init__(self) -> None:
+        self.broken = threading.Event()
+        self.__name__ = "switch"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            if self.broken.is_set():
+                raise RuntimeError("engine lost its context")
+            return gm(*args)
+
+        return run
+
+
+def _demoted(record: GraphRecord) -> str:
+    """The reason of the graph's first attempt, which must be a run-time mismatch."""
+    first = record.attempts[0]
+    assert (first.backend, first.status) == ("later_wrong", Status.MISMATCH), record
+    assert record.winner == "eager"
+    return first.reason
+
+
+def test_fallback_under_eight_threads_on_bert_at_two_shapes() -> None:
+    model = zoo.build("bert")
+    shapes = [zoo.inputs("bert", s) for s in (0, 1)]
+    switch = Switch()
+    backend = chain(switch, "eager", measure=False)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        expected = [model(*args) for args in shapes]
+        for args in shapes:  # compile both graphs (static, then dynamic) before the threads
+            compiled(*args)
+        switch.broken.set()
+        errors: list[BaseException] = []
+        wrong: list[int] = []
+        start = threading.Barrier(8)
+
+        def work(t: int) -> None:
+            try:
+                start.wait()
+                with torch.no_grad():  # grad mode is per thread: as when compiled
+                    run(t)
+            except BaseException as exc:  # every one is reported by the assert below
+                errors.append(exc)
+
+        def run(t: int) -> None:
+            for k in range(5):
+                s = (t + k) % 2
+                if not torch.allclose(compiled(*shapes[s]), expected[s], atol=1e-5):
+                    wrong.append(t)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == [] and wrong == []
+    static, dynamic = backend.report.graphs  # dynamo tries the newest (dynamic) graph first
+    assert static.winner == "switch"  # so the static one no longer runs
+    for graph in [dynamic]:
+        assert graph.winner == "eager"
+        assert [(a.backend, a.status) for a in graph.attempts] == [
+            ("switch", Status.RUNTIME_ERROR),
+            ("eager", Status.WON),
+        ]
+
+
+def test_a_write_then_a_raise_is_applied_once() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    def raise_after_writing(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        calls = 0
+
+        def run(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            out = gm(*args)  # the write happens here
+            if calls > 1:  # after selection's verified call
+                raise RuntimeError("engine lost its context")
+            return out
+
+        return run
+
+    backend = chain(raise_after_writing, "eager", measure=False)
+    compiled = torch.compile(fn, backend=backend)
+    for size in (4, 6):
+        x = torch.zeros(size)
+        out = compiled(x)
+        assert torch.equal(x, torch.ones(size))  # incremented once
+        assert torch.equal(out, torch.full((size,), 2.0))
+    first = backend.report.graphs[0].attempts[0]
+    assert first.status is Status.RUNTIME_ERROR
+
+
+def _wrong_shape(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    return [o[..., :-1] for o in out]
+
+
+def _other_dtype(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    return [o.double() for o in out]
+
+
+def _input_as_output(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    return [args[0]]  # the graph is `x + 0`: same values, but it is the user's own tensor
+
+
+@pytest.mark.parametrize(
+    "spoil, reason",
+    [
+        (_wrong_shape, "at call 2: output 0 has shape (4, 15), eager (4, 16)"),
+        (_other_dtype, "at call 2: output 0 has dtype torch.float64 where eager has torch.float32"),
+        (_input_as_output, "at call 2: output 0 aliases input 0; eager's is fresh memory"),
+    ],
+)
+def test_a_winner_wrong_later_is_demoted_with_the_call_number(
+    spoil: Callable[..., list[Any]], reason: str
+) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + 0
+
+    backend = chain(LaterWrong(spoil), "eager", measure=False)
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(3):
+        x = torch.randn(4, 16)
+        out = compiled(x)
+        assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+    [graph] = backend.report.graphs
+    assert _demoted(graph) == reason
+    assert graph.watch is not None and graph.watch.failures == [f"later_wrong {reason}"]
+
+
+def test_a_wrong_shape_on_a_dynamic_graph_is_caught_against_this_calls_sizes() -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, y], dim=0).view(-1)
+
+    backend = chain(LaterWrong(_wrong_shape), "eager", measure=False)
+    compiled = torch.compile(fn, backend=backend)
+    for rows in (2, 3, 5, 7):  # 2: static graph; 3: dynamic; 5, 7: that dynamic graph again
+        x, y = torch.randn(rows, 4), torch.randn(rows + 1, 4)
+        assert torch.equal(compiled(x, y), fn(x, y))
+    static, dynamic = backend.report.graphs
+    assert _demoted(dynamic) == "at call 2: output 0 has shape (43,), eager (44,)"
+    assert dynamic.watch is not None and dynamic.watch.unchecked == []
+    assert static.winner == "later_wrong"  # called once: right every time it ran
+
+
+def test_nan_every_third_call_never_reaches_the_user() -> None:
+    def every_third(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+        return [torch.full_like(o, float("nan")) for o in out] if call % 3 == 0 else out
+
+    model = zoo.build("bert")
+    backend = chain(LaterWrong(every_third), "eager", measure=False, reverify_rate=0.01)
+    compiled = torch.compile(model, backend=backend)
+    args = zoo.inputs("bert", 0)
+    with torch.no_grad():
+        expected = model(*args)
+        for _ in range(4):
+            torch.testing.assert_close(compiled(*args), expected)
+    [graph] = backend.report.graphs
+    assert _demoted(graph).startswith("at call 3: output 0: ")
+    assert "NaN value(s) where eager has none" in graph.attempts[0].reason
+
+
+def test_wrong_numbers_later_are_caught_by_reverification_every_call() -> None:
+    def off(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+        return [o + 0.1 for o in out] if call >= 3 else out
+
+    model = zoo.build("bert")
+    backend = chain(LaterWrong(off), "eager", measure=False, reverify_rate=1)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for shape in (0, 1, 1, 1):
+            args = zoo.inputs("bert", shape)
+            torch.testing.assert_close(compiled(*args), model(*args))
+    static, dynamic = backend.report.graphs
+    assert static.winner == "later_wrong" and static.watch is not None
+    assert (static.watch.calls, static.watch.reverified) == (1, 0)  # call 1: verified at selection
+    assert _demoted(dynamic).startswith("at call 3: output 0: RMSE vs float64")
+    assert dynamic.watch is not None and (dynamic.watch.calls, dynamic.watch.reverified) == (3, 2)
+
+
+def test_a_fresh_tensor_where_eager_returns_a_view_is_caught() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(0, 1)
+
+    def copies(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return lambda *args: [o.contiguous() for o in gm(*args)]  # ONNX Runtime does so
+
+    backend = chain(copies, "eager", measure=False)
+    compiled = torch.compile(fn, backend=backend)
+    x = torch.randn(3, 4)
+    out = compiled(x)
+    out[0, 0] = 42.0  # eager's view writes through to x
+    assert x[0, 0] == 42.0
+    reason = backend.report.graphs[0].attempts[0].reason
+    assert reason == "at call 1: output 0 does not alias input 0 as eager's does"
+
+
+def test_onnxruntime_losing_channels_last_is_caught() -> None:
+    pytest.importorskip("onnxruntime")
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1).eval()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return conv(x)
+
+    backend = chain("onnxruntime", "eager", measure=False)
+    compiled = torch.compile(fn, backend=backend)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        out = compiled(x)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(out, conv(x))
+    first = backend.report.graphs[0].attempts[0]
+    assert (first.backend, first.status) == ("onnxruntime", Status.MISMATCH)
+    assert first.reason == "at call 1: output 0 is not channels_last as eager's is"
+
+
+def test_checks_are_counted_on_the_record_and_round_trip() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 2
+
+    backend = chain(lambda gm, _: gm.forward, "eager", measure=False)
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(9):
+        compiled(torch.randn(8))
+    [graph] = backend.report.graphs
+    assert graph.watch is not None
+    assert (graph.watch.calls, graph.watch.reverified, graph.watch.failures) == (9, 3, [])
+    assert graph.watch.reverify_rate == 0.01  # the default: calls 2, 4 and 8 so far
+    again = GraphRecord.from_dict(graph.to_dict())
+    assert again.watch == graph.watch
+
+
+def test_watch_false_checks_nothing_but_still_keeps_writes() -> None:
+    backend = chain(LaterWrong(_other_dtype), "eager", measure=False, watch=False)
+    compiled = torch.compile(lambda x: x + 0, backend=backend)
+    for _ in range(2):
+        compiled(torch.randn(4))
+    [graph] = backend.report.graphs
+    assert graph.winner == "later_wrong"
+    assert graph.watch == RunChecks(0.0, 0, 0, [], ["run-time checks off: watch=False"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"reverify_rate": 1.5}, "reverify_rate=1.5"),
+        ({"reverify_rate": -0.01}, "reverify_rate=-0.01"),
+        ({"reverify_rate": "1%"}, "reverify_rate='1%'"),
+        ({"reverify_rate": float("nan")}, "reverify_rate=nan"),
+        ({"watch": "yes"}, "watch='yes'"),
+    ],
+)
+def test_watch_options_are_checked(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidOption, match=match):
+        chain("eager", **kwargs)
