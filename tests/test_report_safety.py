@@ -83,6 +83,10 @@ def test_a_read_only_folder_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptu
     assert any("report not written" in w for w in _warnings(caplog))
 
 
+def _decision(graph: GraphRecord) -> tuple[Any, ...]:
+    return graph.id, graph.fingerprint, graph.winner, graph.attempts
+
+
 def test_two_chains_with_chain_report_keep_both_chains_graphs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -93,8 +97,9 @@ def test_two_chains_with_chain_report_keep_both_chains_graphs(
         _run_bert(second)
     files = [tmp_path / "run.json", tmp_path / "run.2.json"]  # the first chain's, then ours
     assert sorted(tmp_path.glob("run*.json")) == sorted(files)
-    saved = [Report.load(f).graphs for f in files]
-    assert saved == [first.report.graphs, second.report.graphs]
+    saved = [[_decision(g) for g in Report.load(f).graphs] for f in files]
+    # the files hold what was decided at compile time (run-time counters come later)
+    assert saved == [[_decision(g) for g in c.report.graphs] for c in (first, second)]
     # the second chain may get one dynamic graph: dynamo remembers the frame's two shapes
     assert len(saved[0]) == 2 and len(saved[1]) >= 1
     # the second chain says where its report went
