@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from backends.errors import InvalidOption
-from backends.options import BadValue, Check, boolean
+from backends.options import BadValue, Check, boolean, threads
 from backends.registry import register_backend
 
 
@@ -28,9 +28,13 @@ def config_options() -> dict[str, Check | None]:
     import torch._inductor.config as config
 
     return {
-        name: boolean if isinstance(default, bool) else None
+        name: _BOUNDED.get(name, boolean if isinstance(default, bool) else None)
         for name, default in config.get_config_copy().items()
     }
+
+
+# inductor's numeric settings whose out-of-range values exhaust the machine
+_BOUNDED: dict[str, Check] = {"compile_threads": threads(), "cpp.threads": threads(auto=-1)}
 
 
 def check_mode(value: Any) -> Any:

@@ -12,6 +12,8 @@ Declaring a checked option is one table entry: `{"level": one_of("low", "high")}
 from __future__ import annotations
 
 import difflib
+import math
+import os
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -62,13 +64,15 @@ def one_of(*choices: str) -> Check:
 def _number_check(kind: str, low: float | None, above: float | None, high: float | None) -> Check:
     """Shared body of `number` and `integer`: the type first, then the bounds."""
     types: tuple[type, ...] = (int,) if kind == "an int" else (int, float)
+    if kind == "a number" and high is None:
+        kind = "a finite number"  # Infinity is never a setting
     bounds = [f">= {low}"] if low is not None else [f"> {above}"] if above is not None else []
     bounds += [f"<= {high}"] if high is not None else []
     expected = f"{kind} {' and '.join(bounds)}".strip()
 
     def check(value: Any) -> Any:
-        if not isinstance(value, types) or isinstance(value, bool) or value != value:  # NaN
-            raise BadValue(expected)
+        if not isinstance(value, types) or isinstance(value, bool) or not math.isfinite(value):
+            raise BadValue(expected)  # NaN and Infinity included
         too_low = (low is not None and value < low) or (above is not None and value <= above)
         if too_low or (high is not None and value > high):
             raise BadValue(expected)
@@ -87,6 +91,28 @@ def number(
 def integer(*, low: int | None = None, above: int | None = None, high: int | None = None) -> Check:
     """An int (not a bool) within the bounds given."""
     return _number_check("an int", low, above, high)
+
+
+THREADS_PER_CORE = 4  # more threads than this only thrash (and each costs memory)
+
+
+def threads(*, auto: int | None = None) -> Check:
+    """A thread count from 1 to THREADS_PER_CORE x the machine's cores, or `auto` (the
+    library's own "choose for me" value, e.g. -1), so that a typo cannot exhaust memory."""
+
+    def check(value: Any) -> int:
+        cores = os.cpu_count() or 1
+        limit = THREADS_PER_CORE * cores
+        expected = f"an int >= 1 and <= {limit} ({THREADS_PER_CORE}x the {cores} cores)"
+        if auto is not None:
+            expected = f"{auto} (automatic) or {expected}"
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BadValue(expected)
+        if value != auto and not 1 <= value <= limit:
+            raise BadValue(expected)
+        return value
+
+    return check
 
 
 def optional(check: Check) -> Check:

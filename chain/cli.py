@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from chain.columns import printable
 from chain.records import FAILURES
 from chain.report import Report, ReportError
 
@@ -17,7 +18,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         report = Report.load(args.file)
     except ReportError as e:
-        print(f"chain: error: {e}", file=sys.stderr)
+        print(f"chain: error: {printable(str(e))}", file=sys.stderr)
         return 2
     if args.format == "html":
         if not args.output:

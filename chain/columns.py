@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -16,6 +17,16 @@ from rich.table import Table
 from rich.text import Text
 
 Row = TypeVar("Row")
+
+# C0 controls but tab and newline, DEL, C1 controls (0x9b is a one-byte CSI), and the
+# bidirectional overrides that reorder what a reader sees
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with terminal controls shown as escapes (`\\x1b`): a reason or a name read
+    from a report cannot move the cursor, recolour or retitle the terminal."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 @dataclass(frozen=True)
@@ -40,17 +51,19 @@ class Column(Generic[Row]):
         """The raw value, for CSV: numbers unformatted, lists joined, None empty."""
         value = self.get(row)
         if isinstance(value, list | tuple):
-            return self.joiner.join(map(str, value))
+            return printable(self.joiner.join(map(str, value)))
+        if isinstance(value, str):
+            return printable(value)
         return "" if value is None else value
 
     def text(self, row: Row) -> str:
-        """The value as the tables show it."""
+        """The value as the tables show it, terminal controls neutralized (`printable`)."""
         value = self.get(row)
         if callable(self.fmt):
-            return self.fmt(value)
+            return printable(self.fmt(value))
         if isinstance(value, list | tuple):
-            return self.joiner.join(map(str, value)) or "-"
-        return "-" if value is None else format(value, self.fmt)
+            return printable(self.joiner.join(map(str, value))) or "-"
+        return "-" if value is None else printable(format(value, self.fmt))
 
 
 def texts(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> list[list[str]]:

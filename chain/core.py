@@ -28,6 +28,7 @@ from chain.options import MODES as MODES  # re-exported: chain.core.MODES
 from chain.options import check_backend_options, checked
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
+from chain.report_file import ReportFile
 from chain.resolve import BackendSpec, resolve
 from chain.speed import EAGER, EAGER_REF, SpeedRules
 from chain.timing import Timing
@@ -100,6 +101,7 @@ class Chain:
         self.reverify_rate = reverify_rate
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
+        self.report_file = ReportFile(self.report_path) if self.report_path else None
         self.report = Report()
         self.name = f"chain({', '.join(names)})"
         decides = dict(backends=names, mode=mode, verify=verify, measure=measure,
@@ -534,6 +536,6 @@ class Chain:
         )
         self.report.graphs[record.id] = record
         trace.emit(record)  # TORCH_TRACE: the decision beside dynamo's entries (chain.look)
-        if self.report_path:
-            self.report.save(self.report_path)
+        if self.report_file is not None:  # a failed write is a warning (chain.report_file)
+            self.report_file.write(self.report)
         return record

@@ -69,7 +69,7 @@ def tolerances(value: Any) -> dict[torch.dtype, tuple[float, float]]:
             out[dtype] = (float(pair(rtol)), float(pair(atol)))
         except (TypeError, ValueError):
             raise BadValue(
-                f"(rtol, atol) pairs of numbers >= 0; {key!r}: {tol!r} is not one"
+                f"(rtol, atol) pairs of finite numbers >= 0; {key!r}: {tol!r} is not one"
             ) from None
     return out
 
@@ -120,10 +120,10 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "cuda_graphs": cuda_graphs,
     "options": optional(backend_options),
     "report_path": optional(path),
-    "min_speedup": optional(number(above=0)),
-    "compile_timeout_s": optional(number(above=0)),
-    "max_retries": integer(low=0),
-    "measure_budget_s": number(low=0),
+    "min_speedup": optional(number(above=0, high=1000)),
+    "compile_timeout_s": optional(number(above=0, high=86400)),  # a day
+    "max_retries": integer(low=0, high=10),
+    "measure_budget_s": number(low=0, high=3600),  # an hour
     "tolerances": optional(tolerances),
     "watch": boolean,
     "reverify_rate": number(low=0, high=1),

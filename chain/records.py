@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from chain import json_fields as jf
 from chain.watch.stats import RunChecks
 
 
@@ -58,7 +59,7 @@ def number(value: Any, what: str) -> float | None:
     """`value` as read from JSON if it is a number or null; TypeError naming `what` if not."""
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
         return value
-    raise TypeError(f"{what} should be a number or null, got {value!r}")
+    raise TypeError(f"{what} should be a number or null, got {jf.short(value)}")
 
 
 @dataclass(frozen=True)
@@ -92,11 +93,19 @@ class Attempt:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         """The attempt `to_dict` wrote; a field of the wrong type is a TypeError naming it."""
+        data = jf.mapping(data, "an attempt")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
-        kwargs["status"] = Status(data["status"])
+        who = f"attempt {jf.text(data['backend'], 'an attempt: backend')!r}"
+        kwargs["status"] = Status(jf.text(data["status"], f"{who}: status"))
         for name in _NUMBERS:
-            kwargs[name] = number(kwargs.get(name), f"attempt {data.get('backend')!r}: {name}")
+            kwargs[name] = number(kwargs.get(name), f"{who}: {name}")
+        kwargs["reason"] = jf.text(kwargs.get("reason", ""), f"{who}: reason")
+        for name in ("error_type", "traceback"):
+            kwargs[name] = jf.optional_text(kwargs.get(name), f"{who}: {name}")
+        kwargs["retries"] = jf.integer(kwargs.get("retries", 0), f"{who}: retries")
+        kwargs["details"] = jf.mapping(kwargs.get("details", {}), f"{who}: details")
+        kwargs["cuda_graphs"] = jf.flag(kwargs.get("cuda_graphs", False), f"{who}: cuda_graphs")
         return cls(**kwargs)
 
     def __str__(self) -> str:
@@ -160,25 +169,34 @@ class GraphRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GraphRecord:
+        """The record `to_dict` wrote; a field of the wrong type is a TypeError naming it."""
+        data = jf.mapping(data, "a graph record")
+        graph = f"graph {jf.integer(data['id'], 'a graph record: id')}"
+        ops = jf.mapping(data["ops"], f"{graph}: ops")
         return cls(
             id=int(data["id"]),
-            fingerprint=str(data["fingerprint"]),
-            origin=str(data["origin"]),
-            num_nodes=int(data["num_nodes"]),
-            ops={str(k): int(v) for k, v in data["ops"].items()},
-            inputs=list(data["inputs"]),
-            attempts=tuple(Attempt.from_dict(a) for a in data["attempts"]),
-            winner=data["winner"],
-            eager_ms=number(data.get("eager_ms"), f"graph {data['id']}: eager_ms"),
-            eager_spread_ms=number(
-                data.get("eager_spread_ms"), f"graph {data['id']}: eager_spread_ms"
+            fingerprint=jf.text(data["fingerprint"], f"{graph}: fingerprint"),
+            origin=jf.text(data["origin"], f"{graph}: origin"),
+            num_nodes=jf.integer(data["num_nodes"], f"{graph}: num_nodes"),
+            ops={k: jf.integer(v, f"{graph}: ops[{k!r}]") for k, v in ops.items()},
+            inputs=jf.array(data["inputs"], f"{graph}: inputs"),
+            attempts=tuple(
+                Attempt.from_dict(a) for a in jf.array(data["attempts"], f"{graph}: attempts")
             ),
-            notes=tuple(data.get("notes", ())),
-            compile_id=data.get("compile_id"),
-            recompiles=None if data.get("recompiles") is None else int(data["recompiles"]),
-            recompile_reason=data.get("recompile_reason"),
-            code=None if data.get("code") is None else str(data["code"]),
-            sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
+            winner=jf.optional_text(data["winner"], f"{graph}: winner"),
+            eager_ms=number(data.get("eager_ms"), f"{graph}: eager_ms"),
+            eager_spread_ms=number(data.get("eager_spread_ms"), f"{graph}: eager_spread_ms"),
+            notes=jf.texts(data.get("notes", []), f"{graph}: notes"),
+            compile_id=jf.optional_text(data.get("compile_id"), f"{graph}: compile_id"),
+            recompiles=jf.optional_integer(data.get("recompiles"), f"{graph}: recompiles"),
+            recompile_reason=jf.optional_text(
+                data.get("recompile_reason"), f"{graph}: recompile_reason"
+            ),
+            code=jf.optional_text(data.get("code"), f"{graph}: code"),
+            sources={
+                str(k): jf.text(v, f"{graph}: sources[{k!r}]")
+                for k, v in jf.mapping(data.get("sources") or {}, f"{graph}: sources").items()
+            },
             watch=RunChecks.from_dict(data.get("watch")),
         )
 

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Any
 from rich.console import Console, Group
 
 from backends.common.files import atomic_write
-from chain.columns import Column, cells, markdown, rich_table, texts, to_csv
+from chain.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
+from chain.json_fields import deeper_than, short
 from chain.records import FAILURES, Attempt, GraphRecord, Status
 
 log = logging.getLogger("chain")
@@ -62,6 +64,64 @@ _STYLES = {
     Status.NOT_TRIED: "dim",
     Status.UNAVAILABLE: "dim",
 }
+
+
+MAX_BYTES = 64 << 20  # a report of thousands of graphs is a few MiB
+MAX_DEPTH = 64  # a report nests about 6 deep; `details` and `inputs` a little more
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, for the refusal."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+    kinds += ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def _read(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a regular file of at most MAX_BYTES; anything else is a ReportError.
+
+    Opened without blocking and checked on the open descriptor: a FIFO put in place of the
+    file between a check and the open cannot hang the reader.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ReportError(f"{path}: not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > MAX_BYTES:
+            raise ReportError(
+                f"{path}: {info.st_size / (1 << 20):.0f} MiB; "
+                f"a report over {MAX_BYTES >> 20} MiB is refused"
+            )
+        try:
+            raw = f.read(MAX_BYTES + 1)  # it may grow while read
+        except OSError as e:
+            raise ReportError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise ReportError(f"{path}: over {MAX_BYTES >> 20} MiB; refused")
+    return raw
+
+
+def _parse(path: str | os.PathLike[str], raw: bytes) -> Any:
+    """JSON from `raw`; NaN and Infinity are read (the writer emits them for such figures)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ReportError(f"{path}: not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: not valid JSON (truncated?): {e}") from None
+    except RecursionError:
+        raise ReportError(f"{path}: nested too deeply to be a report") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise ReportError(f"{path}: not valid JSON: {e}") from None
+    if deeper_than(data, MAX_DEPTH):
+        raise ReportError(f"{path}: nested more than {MAX_DEPTH} deep: not a report")
+    return data
 
 
 @dataclass(frozen=True)
@@ -114,15 +174,13 @@ class Report:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
-        """Read a saved report; ReportError says what is wrong with the file, in one line."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ReportError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ReportError(f"{path}: cannot read: {e}") from None
-        except json.JSONDecodeError as e:
-            raise ReportError(f"{path}: not valid JSON (truncated?): {e}") from None
+        """Read a saved report; ReportError says what is wrong with the file, in one line.
+
+        The file may be hostile: a FIFO or device is refused before it is read (it could
+        block forever), a file over MAX_BYTES before it is read, nesting deeper than
+        MAX_DEPTH and fields of the wrong type after.
+        """
+        data = _parse(path, _read(path))
         return cls.from_dict(data, source=str(path))
 
     @classmethod
@@ -131,12 +189,14 @@ class Report:
             raise ReportError(f"{source}: not a backend-chain report (no 'graphs' key)")
         if data.get("version") not in READABLE:
             raise ReportError(
-                f"{source}: report version {data.get('version')!r}, "
+                f"{source}: report version {short(data.get('version'))}, "
                 f"expected one of {', '.join(map(str, READABLE))}"
             )
+        if not isinstance(data["graphs"], list):
+            raise ReportError(f"{source}: 'graphs' should be a list, got {short(data['graphs'])}")
         try:
             return cls([GraphRecord.from_dict(g) for g in data["graphs"]])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             raise ReportError(
                 f"{source}: malformed graph record: {type(e).__name__}: {e}"
             ) from None
@@ -165,7 +225,7 @@ class Report:
 
     def summary_line(self) -> str:
         s = self.summary()
-        winners = ", ".join(f"{k}: {v}" for k, v in s["winners"].items()) or "none"
+        winners = ", ".join(f"{printable(k)}: {v}" for k, v in s["winners"].items()) or "none"
         line = f"{s['graphs']} graph(s); winners: {winners}"
         if s["speedup"] is not None:
             line += (

@@ -44,7 +44,7 @@ from backends.onnxruntime.session import (
     provider_names,
     user_stream,
 )
-from backends.options import BadValue, Check, boolean, integer, one_of, optional
+from backends.options import BadValue, Check, boolean, one_of, optional, threads
 from backends.registry import register_backend
 
 
@@ -63,7 +63,7 @@ def _providers(value: Any) -> Any:
 OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
     "providers": optional(_providers),
     "graph_optimization_level": one_of(*LEVELS),
-    "intra_op_num_threads": optional(integer(low=1)),
+    "intra_op_num_threads": optional(threads()),
     "allow_spinning": boolean,
     "on_weight_change": one_of("reexport", "raise"),
 }

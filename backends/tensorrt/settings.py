@@ -27,10 +27,10 @@ def _path(value: Any) -> Any:
 
 
 OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
-    "min_block_size": integer(low=1),
+    "min_block_size": integer(low=1, high=100_000),
     "torch_executed_ops": _op_list,
     "require_full_compilation": boolean,
-    "workspace_size": integer(low=0),
+    "workspace_size": integer(low=0, high=1 << 40),  # 1 TiB
     "optimization_level": integer(low=0, high=5),
     "cache_dir": _path,
     "engine_cache": boolean,

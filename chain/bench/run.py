@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from backends.options import THREADS_PER_CORE
 from chain.bench.candidates import (
     DEFAULT_CHAIN,
     KNOWN_BACKENDS,
@@ -60,16 +61,17 @@ def names_list(
     return parse
 
 
-def positive(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer no smaller than `minimum`."""
+def positive(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `minimum` to `maximum` (a typo cannot run for days
+    or start a million threads)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum} and <= {maximum}, got {value}")
         return value
 
     return parse
@@ -111,15 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="chain modes to run (default first,fastest)",
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--batch-size", type=positive(1), help="override every model's batch size")
+    p.add_argument("--batch-size", type=positive(1, 4096), help="override every model's batch size")
     p.add_argument(
         "--dtype", choices=tuple(DTYPES), default="fp32", help="fp16/bf16 need --device cuda"
     )
-    p.add_argument("--repeats", type=positive(1), help="timed rounds (default 20; 5 with --quick)")
-    p.add_argument("--warmup", type=positive(0), help="warm-up rounds (default 3; 1 with --quick)")
+    p.add_argument(
+        "--repeats", type=positive(1, 10_000), help="timed rounds (default 20; 5 with --quick)"
+    )
+    p.add_argument(
+        "--warmup", type=positive(0, 1000), help="warm-up rounds (default 3; 1 with --quick)"
+    )
     p.add_argument(
         "--threads",
-        type=positive(1),
+        type=positive(1, THREADS_PER_CORE * (os.cpu_count() or 1)),
         help="CPU threads for torch and onnxruntime (default: theirs)",
     )
     p.add_argument(
