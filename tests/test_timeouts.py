@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch import fx
 
-from backends import cancel
 from backends.common.onnx_export import export_onnx
 from chain import chain
 from chain.records import Status
@@ -57,6 +56,7 @@ REPRO = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_abandoned_exports_never_crash_or_redirect_the_process() -> None:
     """Fails on the code before, in 4 runs of 4: rc 134 (FX "symbolically trace a
     dynamo-optimized function"), a KeyError from FX metadata, or sys.stdout left
@@ -159,6 +159,8 @@ def test_hang_while_timed_is_abandoned(released: list[Hangs]) -> None:
 def test_abandoned_compile_stops_at_its_checkpoint_and_tracing_ends_first() -> None:
     """A compile abandoned inside a process-wide section (as torch.export is): the chain
     returns only after that section ends, and the worker starts nothing after it."""
+    from backends import cancel  # imported here: the tests above run without it
+
     went_on = threading.Event()
 
     def traces_slowly(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -182,6 +184,8 @@ def test_abandoned_compile_stops_at_its_checkpoint_and_tracing_ends_first() -> N
 
 
 def test_cancelled_work_enters_no_process_wide_section() -> None:
+    from backends import cancel
+
     token = cancel.Token()
     token.cancel("abandoned by test")
     with (
