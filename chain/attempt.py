@@ -1,32 +1,26 @@
-"""Try one backend on one graph: compile (with retries and a timeout), run, verify."""
+"""Try one backend on one graph: compile (with retries), run, verify; compile and first run
+under the chain's timeout."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 from torch import fx
-from torch._guards import CompileContext, TracingContext, compile_context
-from torch._guards import tracing as tracing_context
 
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
 from chain.isolation import Isolation, WeightWatch, fresh_copy
 from chain.records import Attempt, Status
 from chain.verify import Verdict, compare, compare_writes
-
-
-class CompileTimeout(Exception):
-    """The backend did not return within the chain's compile timeout."""
+from chain.worker import CompileTimeout as CompileTimeout  # re-exported: chain.attempt's
+from chain.worker import RunTimeout, within
 
 
 class Mismatch(Exception):
@@ -117,13 +111,6 @@ def dynamo_signal(exc: BaseException) -> bool:
     return isinstance(exc, RestartAnalysis | SkipFrame)
 
 
-@contextlib.contextmanager
-def _modes(grad: bool, inference: bool) -> Iterator[None]:
-    """Grad and inference mode as the caller's thread had them (they are thread-local)."""
-    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-        yield
-
-
 def _compile(
     backend: Backend,
     gm: fx.GraphModule,
@@ -131,36 +118,26 @@ def _compile(
     options: dict[str, Any],
     timeout_s: float | None,
 ) -> Callable[..., Any]:
-    """Call the backend; with a timeout, in a daemon thread that is abandoned if it hangs.
+    """Call the backend; with a timeout, in a thread abandoned if it hangs (chain.worker)."""
+    return within(
+        lambda: backend(gm, inputs, **options),
+        timeout_s,
+        CompileTimeout,
+        "in its compile",
+        thread_name=f"compile-{backend.name}",
+    )
 
-    The thread inherits what the caller's thread holds and a compiler reads: grad and
-    inference mode, and dynamo's tracing and compile contexts (its fake mode, shape env).
-    """
-    if timeout_s is None:
-        return backend(gm, inputs, **options)
-    future: concurrent.futures.Future[Callable[..., Any]] = concurrent.futures.Future()
-    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    tracing, compiling = TracingContext.try_get(), CompileContext.try_get()
 
-    def work() -> None:
-        try:
-            with (
-                _modes(grad, inference),
-                compile_context(compiling),
-                tracing_context(tracing),
-            ):
-                future.set_result(backend(gm, inputs, **options))
-        except BaseException as exc:  # handed to the caller through the future
-            future.set_exception(exc)
+def _first_run(
+    name: str, fn: Callable[..., Any], inputs: list[Any], timeout_s: float | None
+) -> Any:
+    """The candidate's first call, on the chain's inputs, under the same timeout."""
 
-    # a daemon thread: a hung compile must not keep the process alive at exit
-    threading.Thread(target=work, name=f"compile-{backend.name}", daemon=True).start()
-    try:
-        return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        raise CompileTimeout(
-            f"no result after {timeout_s:g}s (compile_timeout_s); the compile thread is abandoned"
-        ) from None
+    def run() -> Any:
+        with torch.no_grad():
+            return fn(*inputs)
+
+    return within(run, timeout_s, RunTimeout, "in its first run", thread_name=f"run-{name}")
 
 
 def failed_attempt(
@@ -232,8 +209,7 @@ def try_backend(
             name, Status.WON, reference.unverified or "", compile_s=compile_s, details=details
         ), fn
     try:
-        with torch.no_grad():
-            outputs = fn(*(inputs := reference.inputs()))
+        outputs = _first_run(name, fn, inputs := reference.inputs(), timeout_s)
     except (Exception, SystemExit) as exc:
         if strict:
             raise

@@ -115,7 +115,12 @@ class Chain:
     def speed(self) -> SpeedRules:
         """The speed rules under this chain's options (chain.speed)."""
         return SpeedRules(
-            self.eager_floor, self.min_speedup, self.measure, self.strict, self.measure_budget_s
+            self.eager_floor,
+            self.min_speedup,
+            self.measure,
+            self.strict,
+            self.measure_budget_s,
+            self.compile_timeout_s,
         )
 
     def __repr__(self) -> str:

@@ -31,6 +31,7 @@ class SpeedRules:
     measure: bool
     strict: bool
     budget_s: float
+    stall_s: float | None = None  # compile_timeout_s: the longest one timed call may take
 
     def time(
         self, attempts: list[Attempt], fns: Fns, gm: fx.GraphModule, reference: Reference
@@ -49,6 +50,7 @@ class SpeedRules:
                     reference.inputs(),
                     baseline=EAGER_REF,
                     budget_s=self.budget_s,
+                    stall_s=self.stall_s,
                 )
                 break
             except TimingError as err:

@@ -15,6 +15,7 @@ ratio excludes 1, or lies within 1% of it: a tie) or the budget is spent.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -24,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from backends import cancel
+from chain.worker import Progress, RunTimeout, within
 
 Z = 2.576  # 99% two-sided: a tie is called a loss (or a win) in well under 1% of graphs
 TIE = 0.01  # ratios within 1% of 1 are a tie whatever the interval says
@@ -77,7 +81,12 @@ def median_ci(values: Sequence[float], z: float = Z) -> tuple[float, float]:
     return ordered[lo], ordered[hi]
 
 
-def _call(name: str, fn: Callable[..., Any], inputs: Sequence[Any]) -> None:
+def _call(
+    name: str, fn: Callable[..., Any], inputs: Sequence[Any], watch: Progress | None = None
+) -> None:
+    if watch is not None:  # under a deadline per call: say which call is in flight, since when
+        cancel.checkpoint()  # abandoned: stop rather than keep calling every candidate
+        watch.start(name)
     try:
         fn(*inputs)
     except Exception as exc:
@@ -108,10 +117,48 @@ def measure(
     max_rounds: int = 400,
     seed: int = 0,
     z: float = Z,
+    stall_s: float | None = None,
 ) -> dict[str, Timing]:
-    """Time every fn (baseline included) in randomly ordered rounds of short blocks."""
+    """Time every fn (baseline included) in randomly ordered rounds of short blocks.
+
+    `stall_s`: the longest any one call may take (compile_timeout_s); the timing then runs
+    in a worker thread (chain.worker) and a call that overruns it is a TimingError of its fn.
+    """
     if baseline not in fns:
         raise ValueError(f"baseline {baseline!r} is not among {sorted(fns)}")
+    run = functools.partial(
+        _measure, fns, inputs, baseline, budget_s, warmup, block_s, min_rounds, max_rounds, seed, z
+    )
+    if stall_s is None:
+        return run()
+    watch = Progress()
+    try:
+        return within(
+            lambda: run(watch),
+            stall_s,
+            RunTimeout,
+            "in one call while timed",
+            thread_name="timing",
+            progress=watch,
+        )
+    except RunTimeout as exc:
+        raise TimingError(watch.name, exc) from None
+
+
+def _measure(
+    fns: Mapping[str, Callable[..., Any]],
+    inputs: Sequence[Any],
+    baseline: str,
+    budget_s: float,
+    warmup: int,
+    block_s: float,
+    min_rounds: int,
+    max_rounds: int,
+    seed: int,
+    z: float,
+    watch: Progress | None = None,
+) -> dict[str, Timing]:
+    """`measure`'s rounds, on this thread; `watch` follows the call in flight."""
     sync = _sync_for(inputs)
     order = list(fns)
     rng = random.Random(seed)
@@ -119,10 +166,10 @@ def measure(
         calls: dict[str, int] = {}
         for name, fn in fns.items():
             for _ in range(warmup):
-                _call(name, fn, inputs)
+                _call(name, fn, inputs, watch)
             sync()
             start = time.perf_counter()
-            _call(name, fn, inputs)
+            _call(name, fn, inputs, watch)
             sync()
             once = time.perf_counter() - start
             calls[name] = max(1, min(1000, math.ceil(block_s / max(once, 1e-7))))
@@ -132,11 +179,11 @@ def measure(
             rng.shuffle(order)
             for name in order:
                 fn = fns[name]
-                _call(name, fn, inputs)  # lead-in: pays for the switch from another runtime
+                _call(name, fn, inputs, watch)  # lead-in: pays for the switch from another runtime
                 sync()
                 start = time.perf_counter()
                 for _ in range(calls[name]):
-                    _call(name, fn, inputs)
+                    _call(name, fn, inputs, watch)
                 sync()
                 samples[name].append((time.perf_counter() - start) / calls[name])
             if rounds >= min_rounds and (

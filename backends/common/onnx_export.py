@@ -3,13 +3,12 @@
 `export_onnx` is the one exporter of the project: the ONNX Runtime backend runs its bytes,
 the TensorRT backend parses them per accelerated partition, and export reuses them.
 The exporter is `torch.onnx.export(..., dynamo=True)` (torch.export + onnxscript); its
-console output is silenced and its failures become `Unsupported` with one readable line.
+logs are silenced on its thread and its failures become `Unsupported` with one readable line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import re
 import threading
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import fx
 
+from backends import cancel
 from backends.common.fx_utils import weight_inputs
 from backends.common.onnx_prepare import (
     PreparedGraph,
@@ -87,25 +87,51 @@ class OnnxGraph:
         return len(self.output_names) - len(self.mutated)
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[io.StringIO]:
-    """Swallow the exporter's prints, rich progress, warnings and logs; yield what it printed."""
-    captured = io.StringIO()
-    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with (
-            contextlib.redirect_stdout(captured),
-            contextlib.redirect_stderr(captured),
-            warnings.catch_warnings(),
+class _QuietThreads(logging.Filter):
+    """Drops the exporter's records below ERROR when they come from a thread inside
+    `quiet()`; other threads' records pass as the user configured them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or not _quiet_here()
+
+
+_QUIET = _QuietThreads()
+_quiet_local = threading.local()
+# torch's pytree deprecation, raised inside torch.export (attributed to copyreg): filtered once
+# here, by message, because per-call warnings.catch_warnings is process-wide and not
+# thread-safe (a worker's exit restores filters other threads changed meanwhile)
+warnings.filterwarnings(
+    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+)
+
+
+def _quiet_here() -> bool:
+    return getattr(_quiet_local, "depth", 0) > 0
+
+
+def _filter_noisy_loggers() -> None:
+    """Attach the quiet filter to the exporter's loggers that exist now (they are created
+    as its modules are imported; a filter acts only on the logger a record starts at)."""
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if (
+            isinstance(logger, logging.Logger)
+            and name.startswith(_NOISY_LOGGERS)
+            and _QUIET not in logger.filters
         ):
-            warnings.simplefilter("ignore")  # the exporter's deprecation/future warnings
-            yield captured
+            logger.addFilter(_QUIET)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence the exporter's logs below ERROR on this thread (and the export thread it
+    starts), touching nothing process-wide: no stream redirects, no warnings state, no
+    logger levels. The exporter prints nothing with verbose=False and report=False."""
+    _filter_noisy_loggers()
+    _quiet_local.depth = getattr(_quiet_local, "depth", 0) + 1
+    try:
+        yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+        _quiet_local.depth -= 1
 
 
 def exporter_line(error: BaseException) -> str:
@@ -140,15 +166,17 @@ def _torch_onnx_export(
         _core = None
     same = {"optimize": True, "verbose": False, "report": False}  # both entries take these
     if _core is None or not hasattr(_registration.ONNXRegistry, "from_torchlib"):
-        return torch.onnx.export(
-            module,
-            args,
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,
-            opset_version=opset,
-            external_data=False,
-            **same,
-        )
+        with cancel.process_wide():
+            return torch.onnx.export(
+                module,
+                args,
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes,
+                opset_version=opset,
+                external_data=False,
+                **same,
+            )
+    _filter_noisy_loggers()  # the exporter's modules are imported now
     opset = opset or onnx_constants.ONNX_DEFAULT_OPSET
     registry_opset = max(opset, _constants.TORCHLIB_OPSET)
     with _REGISTRY_LOCK:
@@ -156,18 +184,16 @@ def _torch_onnx_export(
             _REGISTRIES[registry_opset] = _registration.ONNXRegistry.from_torchlib(
                 opset_version=registry_opset
             )
-    return _core.export(
-        module,
-        args,
-        {},
-        registry=_REGISTRIES[registry_opset],
-        dynamic_shapes=dynamic_shapes,
-        opset_version=opset,
-        **same,
-    )
-
-
-_export_lock = threading.Lock()  # torch.export keeps global state: one export at a time
+    with cancel.process_wide():  # torch.export patches torch for every thread meanwhile
+        return _core.export(
+            module,
+            args,
+            {},
+            registry=_REGISTRIES[registry_opset],
+            dynamic_shapes=dynamic_shapes,
+            opset_version=opset,
+            **same,
+        )
 
 
 def _in_clean_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -177,16 +203,23 @@ def _in_clean_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
     The thread runs in the caller's grad and inference mode (a new thread starts with
     gradients on: a graph captured under no_grad, traced again with gradients, can take
-    other kernels and layouts). Exports are serialized: torch.export is not thread-safe.
+    other kernels and layouts), and keeps the caller's cancellation token
+    (`backends.cancel`) and its quiet(). torch.export itself runs one at a time
+    (`cancel.process_wide`): it patches torch for every thread while it traces.
     """
+    loud = not _quiet_here()
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
-    def in_callers_mode() -> T:
-        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+    def run() -> T:
+        with (
+            torch.inference_mode(inference),
+            torch.set_grad_enabled(grad),
+            contextlib.nullcontext() if loud else quiet(),
+        ):
             return fn(*args, **kwargs)
 
-    with _export_lock, ThreadPoolExecutor(1, thread_name_prefix="onnx-export") as pool:
-        return pool.submit(in_callers_mode).result()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnx-export") as pool:
+        return pool.submit(cancel.carried(run)).result()
 
 
 def export_onnx(
@@ -240,7 +273,7 @@ def _export(
         dynamic_shapes = tuple(
             {d: torch.export.Dim.DYNAMIC for d in dims.get(i, ())} or None for i in prepared.kept
         )
-    with quiet() as said:
+    with quiet():
         try:
             program = _in_clean_thread(
                 _torch_onnx_export, prepared.module.eval(), args, dynamic_shapes, opset
@@ -249,7 +282,7 @@ def _export(
             reason = exporter_line(error)
             if dims:
                 reason = f"dynamic shapes: {reason} (symbolic dims {dict(dims)})"
-            raise Unsupported(reason, detail=f"{error}\n{said.getvalue()}") from error
+            raise Unsupported(reason, detail=str(error)) from error
     if program is None:
         raise Unsupported("torch.onnx.export returned no program")
     return prepared, program, dims

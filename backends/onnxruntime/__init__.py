@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends import cancel
 from backends.common.fx_utils import refuse_training
 from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import LEVELS, session_options
@@ -156,6 +157,7 @@ def onnxruntime_backend(
             raise Unsupported(
                 f"exported model has {graph.num_outputs} outputs, graph has {len(specs)}"
             )
+        cancel.checkpoint()  # an abandoned compile builds no session
         session = create_session(graph.model, options, chosen)
         return Compiled(graph, session, snapshot_frozen(graph, inputs))
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends import cancel
 from backends.common.fx_utils import weight_inputs
 from backends.errors import Unsupported
 from backends.tensorrt.decompositions import decomposition_table
@@ -46,7 +47,8 @@ def to_aten(
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     try:
-        with unset_fake_temporarily(), torch.no_grad():
+        # torch.export patches torch for every thread while it traces (backends.cancel)
+        with cancel.process_wide(), unset_fake_temporarily(), torch.no_grad():
             program = torch.export.export(gm, tuple(example_inputs), strict=False)
             program = program.run_decompositions(decomposition_table())
             aten_gm = program.module()
