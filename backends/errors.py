@@ -20,6 +20,13 @@ class Transient(Exception):
     """A failure worth retrying as is (a busy device, a flaky build); the chain retries it."""
 
 
+class BackendExit(RuntimeError):
+    """A backend raised SystemExit: a failure of that backend, never the end of the process."""
+
+    def __init__(self, exc: SystemExit) -> None:
+        super().__init__(f"the backend raised SystemExit({exc.code!r})")
+
+
 class InvalidBackend(ValueError):
     """A backend name that resolves nowhere; the message lists the valid names."""
 

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from torch import fx
 
+from backends.errors import BackendExit
 from chain.watch import Demoted, InputsWritten, Watch
 
 # One fallback at a time, process-wide: fallbacks are rare and slow (they compile), and one
@@ -94,8 +95,11 @@ class GuardedGraph:
                 return active.fn(*args)
             except Exception as exc:
                 return self._recover(active, exc, args, None)
+            except SystemExit as exc:  # a backend's exit is its failure (KeyboardInterrupt passes)
+                return self._recover(active, BackendExit(exc), args, None)
         n = watch.call_number()
         kept = watch.writes.keep(args) if watch.writes is not None else None
+        versions = watch.versions(args)
         try:
             if n >= watch.schedule.due:
                 out, reason = watch.reverify(n, args, kept, lambda: active.fn(*args))
@@ -106,9 +110,29 @@ class GuardedGraph:
                     out, reason = watch.reverify(n, args, kept, lambda: out)
         except Exception as exc:
             return self._recover(active, exc, args, kept)
+        except SystemExit as exc:
+            return self._recover(active, BackendExit(exc), args, kept)
+        if moved := watch.wrote(args, versions):
+            self._written(active, n, moved, args)
         if reason is not None:
             return self._recover(active, Demoted(n, reason), args, kept)
         return out
+
+    def _written(self, active: Active, n: int, moved: list[int], args: tuple[Any, ...]) -> None:
+        """The winner wrote inputs eager leaves alone: demote it, and fail this call with what
+        state the inputs are in, since no copy of them was kept to undo it (running the next
+        backend on them would give a silently wrong answer)."""
+        name = self.chain.backend_name(active.backend_index)
+        reason = f"wrote input(s) {moved} where eager does not"
+        if active.watch is not None:
+            active.watch.stats.failures.append(f"{name} at call {n}: {reason}")
+        self._fall_back(active, Demoted(n, reason), args)
+        raise InputsWritten(
+            f"{name} {reason} (graph {self.graph_id}, call {n}): those inputs (weights or "
+            "buffers among them) hold what it wrote and could not be restored; the chain has "
+            f"moved on to {self.chain.backend_name(self.backend_index)}. Re-create them "
+            "(reload the model's weights) and call again."
+        )
 
     def _recover(
         self, active: Active, exc: Exception, args: tuple[Any, ...], kept: dict[int, Any] | None

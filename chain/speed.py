@@ -71,6 +71,7 @@ class SpeedRules:
                     for a in attempts
                 ]
         timings.update({k: timings[EAGER_REF] for k in same})
+        attempts = _weights_after_timing(attempts, fns, reference)
         return [
             dataclasses.replace(
                 a,
@@ -192,3 +193,28 @@ class SpeedRules:
             spread_ms=eager.spread_ms if eager else None,
             speedup=1.0 if eager else None,
         )
+
+
+def _weights_after_timing(attempts: list[Attempt], fns: Fns, reference: Reference) -> list[Attempt]:
+    """The weights after the timed calls, as after each candidate's first run
+    (`chain.isolation`): a change (undone where a snapshot was kept, else WeightsDamaged) makes
+    the candidates timed together a `mismatch`; they leave `fns`. One candidate is timed at a
+    time in `first` mode, so the reason names the one that did it."""
+    timed = [a.backend for a in attempts if a.backend in fns]
+    if reference.watch is None or not timed:
+        return attempts
+    reason = reference.watch.check(", ".join(timed))
+    if reason is None:
+        return attempts
+    if len(timed) > 1:
+        reason += f" (timed together: {', '.join(timed)})"
+    for name in timed:
+        del fns[name]
+    return [
+        dataclasses.replace(
+            a, status=Status.MISMATCH, reason=f"while timed: {reason}", error_type="Mismatch"
+        )
+        if a.backend in timed
+        else a
+        for a in attempts
+    ]

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from backends import cancel
+from backends.errors import BackendExit
 from chain.worker import Progress, RunTimeout, within
 
 Z = 2.576  # 99% two-sided: a tie is called a loss (or a win) in well under 1% of graphs
@@ -91,6 +92,8 @@ def _call(
         fn(*inputs)
     except Exception as exc:
         raise TimingError(name, exc) from exc
+    except SystemExit as exc:  # the candidate's failure, not the end of the process
+        raise TimingError(name, BackendExit(exc)) from exc
 
 
 def _sync_for(inputs: Sequence[Any]) -> Callable[[], None]:
