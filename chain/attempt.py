@@ -95,6 +95,15 @@ class Reference:
         names = self.isolation.names if self.isolation is not None else ()
         return f"input {i} ({names[i]})" if i < len(names) else f"input {i}"
 
+    def verdict(self, outputs: Any, inputs: Sequence[Any]) -> Verdict:
+        """A run's outputs and its effect on its copied `inputs` against eager's."""
+        verdict = compare(
+            self.outputs, outputs, self.tolerances, fp64=self.fp64, reductions=self.reductions
+        )
+        if verdict.reason is None:
+            verdict = self.writes_verdict(inputs) or verdict
+        return verdict
+
     def writes_verdict(self, inputs: Sequence[Any]) -> Verdict | None:
         """A candidate's effect on its copied inputs against eager's (`compare_writes`)."""
         if self.runs is None:
@@ -225,15 +234,7 @@ def try_backend(
         return Attempt(name, Status.MISMATCH, weights, error_type="Mismatch", **kw), None
     if reference.unverified:
         return Attempt(name, Status.WON, reference.unverified, **kw), fn
-    verdict = compare(
-        reference.outputs,
-        outputs,
-        reference.tolerances,
-        fp64=reference.fp64,
-        reductions=reference.reductions,
-    )
-    if verdict.reason is None:
-        verdict = reference.writes_verdict(inputs) or verdict
+    verdict = reference.verdict(outputs, inputs)
     if verdict.reason is not None and strict:
         raise Mismatch(f"{name}: {verdict.reason}")
     passed = verdict.reason is None

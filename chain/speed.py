@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx
 
-from chain.attempt import Reference, failed_attempt
+from chain.attempt import Mismatch, Reference, failed_attempt
 from chain.records import Attempt, Status
 from chain.timing import Timing, TimingError, measure
 
@@ -72,6 +73,7 @@ class SpeedRules:
                 ]
         timings.update({k: timings[EAGER_REF] for k in same})
         attempts = _weights_after_timing(attempts, fns, reference)
+        attempts = _verified_after_timing(attempts, fns, reference, self.strict, same)
         return [
             dataclasses.replace(
                 a,
@@ -218,3 +220,46 @@ def _weights_after_timing(attempts: list[Attempt], fns: Fns, reference: Referenc
         else a
         for a in attempts
     ]
+
+
+def _verified_after_timing(
+    attempts: list[Attempt], fns: Fns, reference: Reference, strict: bool, same: list[str]
+) -> list[Attempt]:
+    """Each timed candidate verified once more, after its many timed calls: one that goes
+    wrong after its first run (stale buffers, a cache, a fault) is a `mismatch` (or a
+    `runtime_error`) and leaves `fns`, rather than win on the first run's verdict."""
+    if reference.unverified or not reference.runnable:
+        return attempts
+    failed: dict[str, Attempt] = {}
+    for a in attempts:
+        if a.backend not in fns or a.backend in same:  # `same`: eager's own forward
+            continue
+        inputs = reference.inputs()
+        try:
+            with torch.no_grad():
+                outputs = fns[a.backend](*inputs)
+        except (Exception, SystemExit) as exc:  # SystemExit: the backend's failure
+            if strict:
+                raise
+            failed[a.backend] = failed_attempt(
+                a.backend,
+                Status.RUNTIME_ERROR,
+                exc,
+                reason_prefix="after timing: ",
+                compile_s=a.compile_s,
+                details=a.details,
+            )
+            continue
+        verdict = reference.verdict(outputs, inputs)
+        if verdict.reason is not None:
+            if strict:
+                raise Mismatch(f"{a.backend}: after timing: {verdict.reason}")
+            failed[a.backend] = dataclasses.replace(
+                a,
+                status=Status.MISMATCH,
+                reason=f"after timing: {verdict.reason}",
+                error_type="Mismatch",
+            )
+    for name in failed:
+        del fns[name]
+    return [failed.get(a.backend, a) for a in attempts]

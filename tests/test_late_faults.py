@@ -112,3 +112,26 @@ def test_a_winner_writing_an_input_eager_leaves_alone_is_demoted_and_the_call_sa
     assert late.status is Status.MISMATCH, late
     assert "at call" in late.reason and "where eager does not" in late.reason, late.reason
     assert graph.winner == "eager"
+
+
+def wrong_after_first_run(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Right on its first call (the verification), wrong on every later one."""
+    count = [0]
+
+    def run(*args: Any) -> Any:
+        count[0] += 1
+        out = gm.forward(*args)
+        return out if count[0] == 1 else [o + 1.0 if o.is_floating_point() else o for o in out]
+
+    return run
+
+
+def test_a_candidate_going_wrong_after_its_first_run_is_caught_after_timing() -> None:
+    model, _ = build_extra("bert")
+    backend = chain(wrong_after_first_run, "eager", eager_floor=False)
+    _run(model, backend)
+    for graph in backend.report.graphs:
+        late = graph.attempts[0]
+        assert late.status is Status.MISMATCH, late
+        assert late.reason.startswith("after timing: output 0"), late.reason
+        assert graph.winner == "eager"
