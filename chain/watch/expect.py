@@ -69,6 +69,23 @@ def _sources(gm: fx.GraphModule) -> dict[sympy.Symbol, Callable[[Sequence[Any]],
     return found
 
 
+# torch's own sympy functions in size expressions (torch.utils._sympy.functions), on ints
+_SIZE_FUNCTIONS: dict[str, Callable[..., int]] = {
+    "FloorDiv": lambda a, b: a // b,
+    "CleanDiv": lambda a, b: a // b,
+    "CeilDiv": lambda a, b: -(-a // b),
+    "IntTrueDiv": lambda a, b: a / b,
+    "ModularIndexing": lambda x, d, m: (x // d) % m,
+    "Mod": lambda a, b: a % b,
+    "PythonMod": lambda a, b: a % b,
+    "Max": max,
+    "Min": min,
+    "TruncToInt": int,
+    "FloorToInt": math.floor,
+    "CeilToInt": math.ceil,
+}
+
+
 def _dim(size: Any, sources: dict[sympy.Symbol, Callable[[Sequence[Any]], int]]) -> Dim:
     """A dim of an output's recorded shape as a fixed int, a function of the args, or None."""
     if isinstance(size, int):
@@ -78,7 +95,7 @@ def _dim(size: Any, sources: dict[sympy.Symbol, Callable[[Sequence[Any]], int]])
         return None
     symbols = sorted(expr.free_symbols, key=str)
     try:
-        fn = sympy.lambdify(symbols, expr, modules="math")
+        fn = sympy.lambdify(symbols, expr, modules=[_SIZE_FUNCTIONS, "math"])
     except (TypeError, ValueError, NameError, SyntaxError):
         return None
     reads = [sources[s] for s in symbols]
@@ -89,8 +106,8 @@ def _evaluate(dim: Callable[[Sequence[Any]], int], inputs: Sequence[Any]) -> int
     """A dim's function on eager's own inputs; None when it cannot be evaluated there."""
     try:
         return dim(inputs)
-    except (TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError):
-        return None  # the caller lists the dim as unchecked
+    except Exception:  # any failure (a function lambdify did not know): the caller lists
+        return None  # the dim as unchecked, with its expression, rather than check it
 
 
 def _output_vals(gm: fx.GraphModule) -> list[Any] | None:
