@@ -209,6 +209,10 @@ class Chain:
             stats.unchecked += expected.unchecked
         self.report.graphs[record.id] = dataclasses.replace(record, watch=stats)
 
+        weights = None  # fingerprints of the weights as selection leaves them, no copies
+        if self.watch and reference.isolation is not None and reference.runs is not None:
+            weights = reference.isolation.watch(reference.runs, snapshots=False)
+
         def watch_for(winner: str) -> Watch | None:
             if base_name(winner) == EAGER or (expected is None and writes is None):
                 return None  # eager is the reference itself: nothing to check it against
@@ -220,6 +224,7 @@ class Chain:
                 reverify_rate=self.reverify_rate if expected is not None else 0.0,
                 tolerances=self.tolerances,
                 fp64=reference.fp64 is not None,
+                weights=weights.check if weights is not None else None,
             )
 
         return watch_for

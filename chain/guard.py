@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from torch import fx
 
 from backends.errors import BackendExit
+from chain.isolation import WeightsDamaged
 from chain.watch import Demoted, InputsWritten, Watch
 
 # One fallback at a time, process-wide: fallbacks are rare and slow (they compile), and one
@@ -140,6 +141,9 @@ class GuardedGraph:
         """Undo the failed call's writes, fall back (once, whoever comes first), run anew."""
         watch = active.watch
         name = self.chain.backend_name(active.backend_index)
+        if isinstance(exc, WeightsDamaged):  # no backend can run on them: say so, loudly
+            self._fall_back(active, exc, args)
+            raise exc
         if isinstance(exc, Demoted) and watch is not None:
             watch.stats.failures.append(f"{name} {exc}")
         try:

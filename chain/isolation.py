@@ -133,11 +133,12 @@ class WeightWatch:
     names: dict[int, str]
     prints: dict[int, Fingerprint] = field(default_factory=dict)
     snapshot: dict[int, torch.Tensor] | None = None
+    snapshots: bool = True  # False after selection: no copy of the weights is kept for good
 
     def __post_init__(self) -> None:
         self.prints = {i: Fingerprint.of(t) for i, t in self.tensors.items()}
         size = sum(t.numel() * t.element_size() for t in self.tensors.values())
-        if size <= SNAPSHOT_BYTES:
+        if self.snapshots and size <= SNAPSHOT_BYTES:
             self.snapshot = {i: t.detach().to("cpu", copy=True) for i, t in self.tensors.items()}
 
     def changed(self) -> tuple[list[int], list[int]]:
@@ -162,10 +163,15 @@ class WeightWatch:
             self._refresh(versions)
             return f"changed weight {named} in place (values unchanged)"
         if self.snapshot is None:
+            why = (
+                f"weights over {SNAPSHOT_BYTES} bytes"
+                if self.snapshots
+                else "no copy is kept once a winner runs"
+            )
             raise WeightsDamaged(
-                f"{backend} changed weight(s) {named} in place while the chain verified it, "
-                f"and the chain kept no copy to restore them (weights over {SNAPSHOT_BYTES} "
-                "bytes): the model's weights are no longer what they were; reload them"
+                f"{backend} changed weight(s) {named} in place, and the chain kept no copy "
+                f"to restore them ({why}): the model's weights are no longer what they were; "
+                "reload them"
             )
         with torch.no_grad():
             for i in values:
@@ -197,10 +203,11 @@ class Isolation:
             names=tuple(input_names(gm, len(inputs))),
         )
 
-    def watch(self, inputs: Sequence[object]) -> WeightWatch:
-        """A watch over this call's weights (taken before any candidate runs)."""
+    def watch(self, inputs: Sequence[object], snapshots: bool = True) -> WeightWatch:
+        """A watch over this call's weights (taken before any candidate runs; after
+        selection, without snapshots, for the winner's sampled re-verifications)."""
         tensors = {i: t for i in self.watched if isinstance(t := inputs[i], torch.Tensor)}
-        return WeightWatch(tensors, {i: self.names[i] for i in tensors})
+        return WeightWatch(tensors, {i: self.names[i] for i in tensors}, snapshots=snapshots)
 
 
 def fresh_copy(x: torch.Tensor) -> torch.Tensor:

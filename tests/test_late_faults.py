@@ -13,6 +13,7 @@ import torch
 from torch import fx
 
 from chain import chain
+from chain.isolation import WeightsDamaged
 from chain.records import Status
 from chain.watch import InputsWritten
 from tests.models import build_extra
@@ -135,3 +136,19 @@ def test_a_candidate_going_wrong_after_its_first_run_is_caught_after_timing() ->
         assert late.status is Status.MISMATCH, late
         assert late.reason.startswith("after timing: output 0"), late.reason
         assert graph.winner == "eager"
+
+
+def test_weights_changed_behind_the_version_counter_at_run_time_raise_weights_damaged() -> None:
+    model, _ = build_extra("bert")
+    backend = chain(strikes_after(1, _scale_weight_quietly), "eager", measure=False)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        compiled(ids)  # the guard's call 1 is not re-verified; the fault strikes already
+        # call 2 is re-verified: the weights' fingerprints changed and no copy is kept
+        with pytest.raises(WeightsDamaged, match=r"the winner \(at run time, call 2\) changed"):
+            compiled(ids)
+    graph = backend.report.graphs[0]
+    assert graph.attempts[0].status is Status.RUNTIME_ERROR, graph.attempts[0]
+    assert "WeightsDamaged" in graph.attempts[0].reason
+    assert graph.winner == "eager"

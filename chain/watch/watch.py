@@ -49,6 +49,7 @@ class Watch:
         reverify_rate: float,
         tolerances: dict[torch.dtype, tuple[float, float]] | None,
         fp64: bool,
+        weights: Callable[[str], str | None] | None = None,
     ) -> None:
         self.gm = gm
         self.expected = expected
@@ -56,6 +57,7 @@ class Watch:
         self.stats = stats
         self.tolerances = tolerances
         self.fp64 = fp64
+        self.weights = weights  # at each re-verification: did a winner change a weight?
         self.counter = itertools.count(1)  # next() is atomic: call numbers under threads
         self.schedule = Schedule(reverify_rate if expected is not None else 0.0)
         self._fp64_gm: fx.GraphModule | None = None
@@ -126,6 +128,9 @@ class Watch:
             )
             if verdict.reason is not None:
                 reason = f"inputs {list(positions)} not written as eager does: {verdict.reason}"
+        if self.weights is not None:  # writes behind version counters; WeightsDamaged when
+            damaged = self.weights(f"the winner (at run time, call {n})")  # values changed
+            reason = reason or damaged
         self.stats.reverified += 1
         self.schedule.done(n, time.perf_counter() - start - call_s, call_s)
         return out, reason
