@@ -213,6 +213,12 @@ class Chain:
         if self.watch and reference.isolation is not None and reference.runs is not None:
             weights = reference.isolation.watch(reference.runs, snapshots=False)
 
+        unparameters = [  # activations and buffers: their versions are read every call
+            i
+            for i, x in enumerate(reference.runs or ())
+            if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
+        ]
+
         def watch_for(winner: str) -> Watch | None:
             if base_name(winner) == EAGER or (expected is None and writes is None):
                 return None  # eager is the reference itself: nothing to check it against
@@ -225,6 +231,7 @@ class Chain:
                 tolerances=self.tolerances,
                 fp64=reference.fp64 is not None,
                 weights=weights.check if weights is not None else None,
+                versioned=unparameters,
             )
 
         return watch_for
