@@ -44,7 +44,10 @@ def _outside_checkout() -> list[str]:
     keep = []
     for entry in sys.path:
         path = Path(entry or ".").resolve()
-        if path.is_dir() and path != ROOT and ROOT not in path.parents:
+        # a venv inside the checkout (CI's .venv-ci) is a dependency folder: keep it; the
+        # checkout itself and its source folders are not
+        in_source = (path == ROOT or ROOT in path.parents) and "site-packages" not in path.parts
+        if path.is_dir() and not in_source:
             keep.append(str(path))
     return list(dict.fromkeys(keep))
 
