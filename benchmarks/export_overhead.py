@@ -1,19 +1,29 @@
 """The deploy path vs ONNX Runtime itself: a loaded exported program's call, and where the gap goes.
 
 Models (from `benchmarks/ort_overhead.py`, small configs, random weights): DistilBERT,
-ConvNeXt, Swin. Each is exported with chain("onnxruntime", "eager"), saved, loaded with
-`chain.load`; then, side by side in one process, the median latency of:
+ConvNeXt, Swin, and `tiny` (Linear(8, 8) + ReLU on a 2x8 input: the fixed per-call cost,
+where ORT's own work is a few microseconds). Each is exported with chain("onnxruntime",
+"eager"), saved, loaded with `chain.load`; then, side by side in one process, the median
+latency of:
 
-- `direct`: a bare `sess.run` on `torch.onnx.export(model, dynamo=True)` (same options);
+- `direct`: a bare `sess.run` on `torch.onnx.export(model, dynamo=True)`;
 - `session`: a bare `sess.run` on the payload's own ONNX model (the graph's part);
 - `runner`: the payload's runner (`chain.deploy.ops.runner_for`): I/O binding;
 - `op`: `torch.ops.backend_chain.run_payload` on the payload: op dispatch;
-- `program`: the loaded program's `module()(*args)`: the program call.
+- `forward`: the loaded program's `module().forward(*args)`: its graph code (pytree
+  flatten, torch's `_guards_fn` shape checks, the op, unflatten), without nn.Module hooks;
+- `program`: the loaded program's `module()(*args)`: the program call (adds torch's
+  input-structure pre-hook).
 
-Rounds interleave the variants in rotated order (`ort_overhead.time_runs`). Attribution,
-per model: session - direct, runner - session, op - runner, program - op (ms per call).
+All sessions (direct, session, and the one `chain.load` built) use the same options
+(`backends.common.ort_session.session_options()`); the script checks them (threads,
+optimization level, execution mode, spinning) and prints them. Rounds interleave the
+variants in rotated order after a warm-up, each round one untimed call per variant
+(`ort_overhead.time_runs`). Attribution, per model (ms per call): session = session -
+direct, I/O binding = runner - session, op dispatch = op - runner, program call =
+program - op (of which torch's input check hook = program - forward).
 
-    python benchmarks/export_overhead.py [--models distilbert convnext swin]
+    python benchmarks/export_overhead.py [--models distilbert convnext swin tiny]
         [--rounds 30] [--calls 5]
 """
 
@@ -25,6 +35,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,12 +48,32 @@ from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session,
 from chain.deploy import ops
 
 OP = torch.ops.backend_chain.run_payload.default
-STEPS = (("graph", "session", "direct"), ("I/O binding", "runner", "session"),
-         ("op dispatch", "op", "runner"), ("program call", "program", "op"))  # fmt: skip
+KEYS = ("direct", "session", "runner", "op", "forward", "program")
+STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
+         ("op dispatch", "op", "runner"), ("program call", "program", "op"),
+         ("(torch's input check hook)", "program", "forward"))  # fmt: skip
+MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
+
+
+def tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A model whose ORT run takes microseconds: what is left is the fixed per-call cost."""
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), (torch.randn(2, 8),)
+
+
+def options_of(session: Any) -> dict[str, str]:
+    """The session options that change speed: threads, optimization level, mode, spinning."""
+    so = session.get_session_options()
+    return {
+        "intra_op_threads": str(so.intra_op_num_threads),
+        "inter_op_threads": str(so.inter_op_num_threads),
+        "optimization": str(so.graph_optimization_level).rsplit(".", 1)[-1],
+        "execution_mode": str(so.execution_mode).rsplit(".", 1)[-1],
+        "spinning": so.get_session_config_entry("session.intra_op.allow_spinning"),
+    }
 
 
 def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str, Callable]:
-    """The five variants of the table, built and ready."""
+    """The variants of the table, built and ready; the sessions' options checked equal."""
     device = args[0].device
     result = chain.export(model, args, backend=chain.chain("onnxruntime", "eager", measure=False))
     with tempfile.TemporaryDirectory() as folder:
@@ -62,6 +93,14 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
         _, body = unpack(tensor_bytes(payload))
         session = ort_session(bytes(body), session_options(), device)
         runner = ops.runner_for(payload, device, outputs)
+        loaded = getattr(runner, "session", None)  # the session chain.load built (CPU)
+        checked = {"direct": direct, "session": session}
+        if loaded is not None:
+            checked["loaded"] = loaded
+        seen = {name: options_of(s) for name, s in checked.items()}
+        if len({tuple(o.items()) for o in seen.values()}) != 1:
+            raise RuntimeError(f"session options differ, the comparison is unfair: {seen}")
+        print(f"  session options ({', '.join(seen)}): {seen['direct']}")
 
         def pick(xs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
             return [xs[p] for p in positions]
@@ -72,33 +111,46 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
         runs["op"] = lambda *xs: OP(pick(xs), payload, outputs)
     else:
         print(f"  ({len(calls)} payload calls: session/runner/op variants left out)")
+    runs["forward"] = module.forward
     runs["program"] = module
     return runs
 
 
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["distilbert", "convnext", "swin"])
+    parser.add_argument("--models", nargs="+", default=[*MAIN, "tiny"])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=5)
     ns = parser.parse_args()
-    ratios: list[float] = []
+    builders = {**MODELS, "tiny": tiny}
     rows: list[tuple[str, dict[str, float]]] = []
     for name in ns.models:
         torch.manual_seed(0)
-        model, args = MODELS[name]()
+        model, args = builders[name]()
         model.eval()
+        print(f"{name}:")
         with torch.no_grad():
             runs = variants(model, args)
-            med = time_runs(runs, args, ns.rounds, ns.calls)
-        rows.append((name, med))
-        ratios.append(med["program"] / med["direct"])
-    keys = ["direct", "session", "runner", "op", "program"]
-    print(f"{'model':12}" + "".join(f"{k:>10}" for k in keys) + f"{'program/direct':>16}")
+            rows.append((name, time_runs(runs, args, ns.rounds, ns.calls)))
+    print(
+        f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, interleaved, one process; "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print(f"{'model':12}" + "".join(f"{k:>10}" for k in KEYS) + f"{'program/direct':>16}")
     for name, med in rows:
-        cells = "".join(f"{med[k]:10.3f}" if k in med else f"{'-':>10}" for k in keys)
+        cells = "".join(f"{med[k]:10.3f}" if k in med else f"{'-':>10}" for k in KEYS)
         print(f"{name:12}{cells}{med['program'] / med['direct']:16.3f}")
-    print(f"geomean program/direct: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
+    main_rows = [med["program"] / med["direct"] for name, med in rows if name in MAIN]
+    print(f"geomean program/direct ({', '.join(n for n, _ in rows if n in MAIN)}): "
+          f"{geomean(main_rows):.3f}")  # fmt: skip
+    for name, med in rows:
+        if name == "tiny":
+            print(f"fixed per-call cost (tiny, program - direct): "
+                  f"{med['program'] - med['direct']:.3f} ms")  # fmt: skip
     print("attribution (ms per call):")
     for name, med in rows:
         parts = [f"{label} {med[a] - med[b]:+.3f}" for label, a, b in STEPS if a in med]
