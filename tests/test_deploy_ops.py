@@ -72,7 +72,7 @@ def test_loaded_program_is_right_from_threads_at_two_shapes(tmp_path: Path) -> N
         with torch.no_grad():
             expected = [pytree.tree_leaves(model(x)) for x in inputs]
 
-            def call(k: int) -> list[torch.Tensor]:
+            def call(k: int, module: Any = module, inputs: Any = inputs) -> list[Any]:
                 return pytree.tree_leaves(module(inputs[k % 4]))
 
             with ThreadPoolExecutor(4) as pool:
