@@ -18,10 +18,12 @@ latency of:
 All sessions (direct, session, and the one `chain.load` built) use the same options
 (`backends.common.ort_session.session_options()`); the script checks them (threads,
 optimization level, execution mode, spinning) and prints them. Rounds interleave the
-variants in rotated order after a warm-up, each round one untimed call per variant
-(`ort_overhead.time_runs`). Attribution, per model (ms per call): session = session -
-direct, I/O binding = runner - session, op dispatch = op - runner, program call =
-program - op (of which torch's input check hook = program - forward).
+variants in rotated order after a warm-up, each round one untimed call per variant; the
+table gives medians over rounds and `paired`, the median over rounds of program/direct
+timed in the same round (steadier when other processes' load drifts). Attribution, per
+model (ms per call): session = session - direct, I/O binding = runner - session, op
+dispatch = op - runner, program call = program - op (of which torch's input check hook =
+program - forward).
 
     python benchmarks/export_overhead.py [--models distilbert convnext swin tiny]
         [--rounds 30] [--calls 5]
@@ -31,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chain
 from backends.common.ort_session import session_options
 from backends.common.payload import tensor_bytes, unpack
-from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session, time_runs
+from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session
 from chain.deploy import ops
 
 OP = torch.ops.backend_chain.run_payload.default
@@ -116,6 +120,35 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
     return runs
 
 
+def time_rounds(
+    runs: dict[str, Callable], args: tuple[torch.Tensor, ...], rounds: int, calls: int
+) -> dict[str, list[float]]:
+    """Per round, ms per call of each variant: rotated order, one untimed call before each.
+
+    Kept per round (not only medians) so that ratios can be paired within a round: on a
+    shared machine the load drifts between rounds, less within one.
+    """
+    for fn in runs.values():
+        for _ in range(3):
+            fn(*args)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    keys = list(runs)
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            fn = runs[key]
+            fn(*args)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            times[key].append((time.perf_counter() - start) * 1e3 / calls)
+    return times
+
+
+def paired(times: dict[str, list[float]], a: str, b: str) -> float:
+    """The median over rounds of a/b measured in the same round."""
+    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
@@ -127,7 +160,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5)
     ns = parser.parse_args()
     builders = {**MODELS, "tiny": tiny}
-    rows: list[tuple[str, dict[str, float]]] = []
+    rows: list[tuple[str, dict[str, float], dict[str, list[float]]]] = []
     for name in ns.models:
         torch.manual_seed(0)
         model, args = builders[name]()
@@ -135,24 +168,32 @@ def main() -> None:
         print(f"{name}:")
         with torch.no_grad():
             runs = variants(model, args)
-            rows.append((name, time_runs(runs, args, ns.rounds, ns.calls)))
+            times = time_rounds(runs, args, ns.rounds, ns.calls)
+        rows.append((name, {k: statistics.median(v) for k, v in times.items()}, times))
     print(
         f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, interleaved, one process; "
         f"torch threads {torch.get_num_threads()}"
     )
-    print(f"{'model':12}" + "".join(f"{k:>10}" for k in KEYS) + f"{'program/direct':>16}")
-    for name, med in rows:
+    head = "".join(f"{k:>10}" for k in KEYS)
+    print(f"{'model':12}{head}{'program/direct':>16}{'paired':>8}")
+    for name, med, times in rows:
         cells = "".join(f"{med[k]:10.3f}" if k in med else f"{'-':>10}" for k in KEYS)
-        print(f"{name:12}{cells}{med['program'] / med['direct']:16.3f}")
-    main_rows = [med["program"] / med["direct"] for name, med in rows if name in MAIN]
-    print(f"geomean program/direct ({', '.join(n for n, _ in rows if n in MAIN)}): "
-          f"{geomean(main_rows):.3f}")  # fmt: skip
-    for name, med in rows:
+        ratio = med["program"] / med["direct"]
+        print(f"{name:12}{cells}{ratio:16.3f}{paired(times, 'program', 'direct'):8.3f}")
+    main = [(n, med, times) for n, med, times in rows if n in MAIN]
+    names = ", ".join(n for n, _, _ in main)
+    print(
+        f"geomean program/direct ({names}): "
+        f"{geomean([med['program'] / med['direct'] for _, med, _ in main]):.3f} (ratio of "
+        f"medians), {geomean([paired(t, 'program', 'direct') for _, _, t in main]):.3f} "
+        "(median of per-round ratios)"
+    )
+    for name, med, _ in rows:
         if name == "tiny":
             print(f"fixed per-call cost (tiny, program - direct): "
                   f"{med['program'] - med['direct']:.3f} ms")  # fmt: skip
     print("attribution (ms per call):")
-    for name, med in rows:
+    for name, med, _ in rows:
         parts = [f"{label} {med[a] - med[b]:+.3f}" for label, a, b in STEPS if a in med]
         print(f"  {name:12} " + ", ".join(parts))
 
