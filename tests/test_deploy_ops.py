@@ -93,3 +93,22 @@ def test_outputs_do_not_alias_inputs_or_each_other(tmp_path: Path) -> None:
     pointers = [t.untyped_storage().data_ptr() for t in first + second]
     assert ids.untyped_storage().data_ptr() not in pointers
     assert len(set(pointers)) == len(pointers)  # each call's outputs are its own memory
+
+
+def test_input_that_requires_grad_runs_and_backward_is_refused(tmp_path: Path) -> None:
+    # an activation from a trainable model upstream: inference still runs, with eager's values
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    model.eval()
+    backend = chain.chain("onnxruntime", "eager", measure=False)
+    for shape in ((2, 8), (5, 8)):
+        x = torch.randn(shape)
+        result = chain.export(model, (x,), backend=backend)
+        path = tmp_path / f"mlp_{shape[0]}.pt2"
+        torch.export.save(result.program, path)
+        module = chain.load(path).module()
+        leaf = x.clone().requires_grad_()
+        out = module(leaf)
+        assert torch.allclose(out.detach(), model(x).detach(), rtol=1e-4, atol=1e-5)
+        assert out.requires_grad  # and backward says plainly that there is no gradient
+        with pytest.raises(RuntimeError, match="run_payload has no gradient"):
+            out.sum().backward()

@@ -194,5 +194,7 @@ class _CpuRun:
         self._run = session.run
 
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        fed = {n: t.contiguous().numpy() for n, t in zip(self._feeds, args, strict=True)}
+        # detached: an input may require grad (an activation from upstream); the op has no
+        # gradient, and numpy() refuses such tensors
+        fed = {n: t.detach().contiguous().numpy() for n, t in zip(self._feeds, args, strict=True)}
         return [torch.from_numpy(o) for o in self._run(self._names, fed)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -101,12 +102,18 @@ def clear_cache() -> None:
 
 _SCHEMA = "run_payload(Tensor[] inputs, Tensor payload, str outputs) -> Tensor[]"
 # A plain library op, not `torch.library.custom_op`: the latter wraps every call in two
-# Python layers (its autograd function and an aliasing check), 13 us of the op's 18 us
-# dispatch, measured by `benchmarks/export_overhead.py`; this op dispatches in ~5 us. It
-# has no gradient (the autograd fallback: outputs do not require grad), and it checks
-# aliasing itself (outputs that share an input's memory are copied).
+# Python layers (its autograd function, a redispatch and an aliasing check), 13 us of the
+# op's 18 us dispatch (`benchmarks/export_overhead.py`). Here one Python kernel sits at the
+# Autograd key: plain tensors with no mode active run the payload there (~6 us in all);
+# fake, functional or subclass tensors and dispatch modes are redispatched below autograd
+# (to the fake implementation, or to the same kernel). The op has no gradient: when an
+# input requires grad the outputs do too and backward raises. Aliasing is checked in the
+# kernel (outputs that share an input's memory are copied).
 _library = torch.library.Library("backend_chain", "DEF")
 _library.define(_SCHEMA)
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_DENSE = frozenset((torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA))
+_requires_grad = torch._C.TensorBase.requires_grad.__get__
 
 
 def run_payload(
@@ -130,5 +137,36 @@ def _fake(inputs: list[torch.Tensor], payload: torch.Tensor, outputs: str) -> li
     ]
 
 
+class _NoGradient(torch.autograd.Function):
+    """The op when an input requires grad: outputs that do too, and a backward that raises."""
+
+    @staticmethod
+    def forward(ctx: Any, payload: torch.Tensor, outputs: str, *inputs: torch.Tensor) -> Any:
+        with torch._C._AutoDispatchBelowAutograd():
+            return tuple(
+                torch.ops.backend_chain.run_payload.default(list(inputs), payload, outputs)
+            )
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(
+            f"{OP_NAME} has no gradient: a compiled part of an exported program runs "
+            "inference only (run the model itself in PyTorch to train it)"
+        )
+
+
+def _autograd(
+    keyset: Any, inputs: list[torch.Tensor], payload: torch.Tensor, outputs: str
+) -> list[torch.Tensor]:
+    """The Autograd kernel: run plain tensors here, redispatch anything else below autograd."""
+    if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
+        return list(_NoGradient.apply(payload, outputs, *inputs))
+    below = keyset & _AFTER_AUTOGRAD
+    if below.highestPriorityTypeId() in _DENSE:
+        return run_payload(inputs, payload, outputs)
+    return torch.ops.backend_chain.run_payload.default.redispatch(below, inputs, payload, outputs)
+
+
 _library.impl("run_payload", run_payload, "CompositeExplicitAutograd")
+_library.impl("run_payload", _autograd, "Autograd", with_keyset=True)
 torch.library.register_fake(OP_NAME, _fake, lib=_library)
