@@ -115,11 +115,13 @@ class Buckets:
         try:
             if key in self.served or key in self.done:
                 return None
-            victim = min(self.served.items(), key=lambda kv: kv[1][1].calls, default=None)
+            uses = {k: b.before + b.calls for k, (_, b) in self.served.items()}
+            victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
             full = len(self.served) >= self.stats.max_buckets
-            if full and victim is not None and victim[1][1].calls >= n:
-                return None  # the least used bucket still serves more: try again later
+            if full and victim is not None and uses[victim[0]] >= n:
+                return None  # the least used bucket is used as much: try again later
             bucket, fn = self._select(args, general)
+            bucket.before = n
             self.stats.buckets.append(bucket)
             if fn is None:
                 self.done.add(key)

@@ -20,6 +20,7 @@ class Bucket:
     winner: str | None  # the fixed-shape backend that serves it (None: the general path)
     general: str  # the general path's backend it was timed against
     calls: int = 0  # calls it served (live while SERVING)
+    before: int = 0  # calls of its shape counted before it was built
     latency_ms: float | None = None
     general_ms: float | None = None
     speedup: float | None = None  # general path latency / the bucket's, on this shape
@@ -37,7 +38,7 @@ class Bucket:
         if not isinstance(data, dict):
             raise TypeError(f"a bucket should be an object, got {type(data).__name__}")
         kw = {k: data[k] for k in ("shape", "state", "winner", "general") if k in data}
-        for k in ("calls", "latency_ms", "general_ms", "speedup", "reason"):
+        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "reason"):
             if k in data:
                 kw[k] = data[k]
         kw["attempts"] = [Attempt.from_dict(a) for a in data.get("attempts", [])]
