@@ -17,10 +17,11 @@ from backends.registry import Backend
 from chain import graphinfo, recompiles
 from chain.accuracy import reduction_lengths
 from chain.attempt import Reference, dynamo_signal, one_line, try_backend
+from chain.buckets import Buckets, BucketStats, Selection, ShapeKey
 from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
-from chain.guard import GuardedGraph
+from chain.guard import _FALLBACK, GuardedGraph
 from chain.isolation import Isolation
 from chain.look import capture, progress, trace
 from chain.memory import Memory, Recall, enabled_by_env, hit_note, miss_note, replay
@@ -71,6 +72,8 @@ class Chain:
         reverify_rate: float = 0.01,
         memory: bool | None = None,
         store: str | os.PathLike[str] | None = None,
+        bucket_after: int | None = 8,
+        max_buckets: int = 8,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -99,6 +102,8 @@ class Chain:
         self.graphs = GraphsStage(cuda_graphs, self.backends)
         self.watch = watch
         self.reverify_rate = reverify_rate
+        self.bucket_after = bucket_after
+        self.max_buckets = max_buckets
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report_file = ReportFile(self.report_path) if self.report_path else None
@@ -182,7 +187,50 @@ class Chain:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
         watch_for = self._watch_for(record, gm, reference)
-        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner), watch_for)
+        buckets = self._buckets(record.id, gm, inputs, winner)
+        index = self._index(winner)
+        return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets)
+
+    # -- per-shape buckets (chain.buckets) ----------------------------------------------
+
+    def _buckets(
+        self, graph_id: int, gm: fx.GraphModule, inputs: list[Any], winner: str
+    ) -> Buckets | None:
+        """Buckets for a graph with symbolic sizes that the chain can verify and time, and
+        that has fixed-shape candidates; None otherwise (the guard then costs nothing more).
+        Graphs that write their inputs or draw random numbers get none."""
+        key = ShapeKey(gm, inputs)
+        if self.bucket_after is None or not (self.verify and self.measure) or not key:
+            return None
+        if graphinfo.mutates_inputs(gm) or graphinfo.random_nodes(gm):
+            return None
+        candidates = self._bucket_candidates(winner)
+        if not candidates:
+            return None
+        stats = BucketStats(self.bucket_after, self.max_buckets, [b.name for b in candidates])
+        record = self.report.graphs[graph_id]
+        self.report.graphs[graph_id] = dataclasses.replace(record, buckets=stats)
+        selection = Selection(
+            reference=self._reference,
+            attempt=lambda b, g, x, r: self._try(b, b, g, x, r),
+            candidates=self._bucket_candidates,
+            speed=self.speed,
+            strict=self.strict,
+            saved=self._save,
+        )
+        return Buckets(gm, key, stats, selection)
+
+    def _bucket_candidates(self, winner: str) -> list[Backend]:
+        """What may serve a hot shape: the chain's fixed-shape backends (`dynamic=False`)
+        and the general winner compiled for that shape (static inductor), eager excepted."""
+        base = base_name(winner)
+        return [b for b in self.backends if not b.dynamic or (b.name == base and base != EAGER)]
+
+    def _save(self) -> None:
+        """Rewrite the report file, if there is one (one writer at a time)."""
+        if self.report_file is not None:
+            with _FALLBACK:
+                self.report_file.write(self.report)
 
     def _watch_for(
         self, record: GraphRecord, gm: fx.GraphModule, reference: Reference

@@ -6,13 +6,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import fx
 
 from backends.errors import BackendExit
 from chain.isolation import WeightsDamaged
 from chain.watch import Demoted, InputsWritten, Watch
+
+if TYPE_CHECKING:
+    from chain.buckets import Buckets
 
 # One fallback at a time, process-wide: fallbacks are rare and slow (they compile), and one
 # lock also keeps two graphs from rewriting the report at once. Re-entrant: a nested
@@ -53,7 +56,7 @@ class GuardedGraph:
     the fallback and then runs the new winner: no call raises because another falls back.
     """
 
-    __slots__ = ("active", "chain", "chain_details", "gm", "graph_id", "watch_for")
+    __slots__ = ("active", "buckets", "chain", "chain_details", "gm", "graph_id", "watch_for")
 
     def __init__(
         self,
@@ -63,8 +66,10 @@ class GuardedGraph:
         fn: Callable[..., Any],
         backend_index: int,
         watch_for: Callable[[str], Watch | None] | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         self.chain = chain
+        self.buckets = buckets  # per-shape buckets (chain.buckets); None: the winner only
         self.graph_id = graph_id
         self.gm = gm
         self.watch_for = watch_for
@@ -82,6 +87,11 @@ class GuardedGraph:
         """The winner's position in the chain (past the end: the eager floor)."""
         return self.active.backend_index
 
+    @property
+    def winner(self) -> str:
+        """The name of the winner now in use (the general path, for the buckets)."""
+        return str(self.chain_details["winner"])
+
     def switch(self, fn: Callable[..., Any], backend_index: int, winner: str) -> None:
         """Run `fn` from now on: the callable of `winner`, at `backend_index` in the chain."""
         watch = self.watch_for(winner) if self.watch_for else None
@@ -89,6 +99,11 @@ class GuardedGraph:
         self.active = Active(fn, backend_index, watch)
 
     def __call__(self, *args: Any) -> Any:
+        if self.buckets is not None and (fn := self.buckets.pick(args, self)) is not None:
+            try:  # a hot shape's bucket; verified when built, not watched per call
+                return fn(*args)
+            except Exception as exc:  # demoted (recorded); the general path runs this call
+                self.buckets.demote(args, exc)
         active = self.active
         watch = active.watch
         if watch is None:
