@@ -72,7 +72,7 @@ class Chain:
         reverify_rate: float = 0.01,
         memory: bool | None = None,
         store: str | os.PathLike[str] | None = None,
-        bucket_after: int | None = 8,
+        bucket_after: int | None = None,
         max_buckets: int = 8,
     ) -> None:
         if not backends:

@@ -38,7 +38,7 @@ def backends() -> Iterator[dict[str, Any]]:
     """Test backends, registered for the test only; `served[name]` counts calls per length
     (the size of the last dim of the token ids, the graph's first tensor input of rank 2)."""
     served: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
-    state: dict[str, Any] = {"served": served, "fail": False, "compile_wait": None}
+    state: dict[str, Any] = {"served": served, "fail": False, "wrong": False, "compile_wait": None}
 
     def counted(name: str, fn: Fn, sleep_s: float = 0.0) -> Fn:
         def run(*args: Any) -> Any:
@@ -48,7 +48,10 @@ def backends() -> Iterator[dict[str, Any]]:
                 raise RuntimeError("device lost")
             if sleep_s:
                 time.sleep(sleep_s)
-            return fn(*args)
+            out = fn(*args)
+            if name == "flaky_fixed" and state["wrong"]:  # right shape, wrong values
+                return [o + 1.0 if o.is_floating_point() else o for o in out]
+            return out
 
         return run
 
@@ -207,6 +210,30 @@ def test_a_bucket_that_raises_at_run_time_is_demoted(
     assert saved.to_dict() == stats(c).to_dict()
 
 
+def test_a_bucket_caught_wrong_at_run_time_is_demoted_and_the_call_is_right(
+    bert: nn.Module, backends: dict[str, Any]
+) -> None:
+    """A bucket's calls are watched as a winner's: re-verified against eager (every call at
+    reverify_rate=1), a wrong one is demoted and the general path answers that call."""
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=2, eager_floor=False,
+        measure_budget_s=0.05, reverify_rate=1.0,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in (8, 12, 16, 16, 16):
+        run(bert, compiled, length)
+    assert by_shape(c)[16] == (SERVING, "flaky_fixed", 1)
+    backends["wrong"] = True
+    general = backends["served"]["sleepy_general"][16]
+    run(bert, compiled, 16)  # checked against eager inside `run`: the answer is right
+    (bucket,) = stats(c).buckets
+    assert bucket.state == DEMOTED
+    assert bucket.reason.startswith("at run time: Demoted: at call 2: output 0: RMSE vs float64")
+    assert backends["served"]["sleepy_general"][16] == general + 1
+    run(bert, compiled, 16)  # the general path from now on
+    assert backends["served"]["sleepy_general"][16] == general + 2
+
+
 def test_calls_from_threads_take_the_general_path_while_a_bucket_is_built(
     bert: nn.Module, backends: dict[str, Any]
 ) -> None:
@@ -251,6 +278,7 @@ def test_calls_from_threads_take_the_general_path_while_a_bucket_is_built(
 
 
 def test_buckets_off_and_bad_options() -> None:
+    assert chain.chain("eager").bucket_after is None  # off unless asked for
     c = chain.chain("eager", bucket_after=None)
     assert c.bucket_after is None
     with pytest.raises(InvalidOption, match="max_buckets"):

@@ -25,6 +25,7 @@ from chain.buckets.shapes import Key, ShapeKey, specialize
 from chain.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, Bucket, BucketStats
 from chain.records import Attempt, Status
 from chain.speed import EAGER_BIAS, SpeedRules
+from chain.watch import Watch
 
 log = logging.getLogger("chain")
 
@@ -40,6 +41,10 @@ class General(Protocol):
 
     @property
     def winner(self) -> str: ...
+
+    def bucket_watch(self, winner: str) -> Watch | None:
+        """The run-time checks for a bucket won by `winner` (as for a general winner)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -72,54 +77,56 @@ class Buckets:
         self.stats = stats
         self.selection = selection
         self.after = stats.bucket_after
-        self.served: dict[Key, tuple[Fn, Bucket]] = {}
+        self.served: dict[Key, tuple[Fn, Bucket, Watch | None]] = {}
         self.seen: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
         self.building = threading.Lock()
 
-    def pick(self, args: Sequence[Any], general: General) -> Fn | None:
-        """The bucket's callable for this call's shape, or None for the general path."""
+    def pick(self, args: Sequence[Any], general: General) -> tuple[Fn, Watch | None] | None:
+        """The bucket's callable and its run-time checks for this call's shape, or None for
+        the general path."""
         key = self.key(args)
         entry = self.served.get(key)
         if entry is not None:
             entry[1].calls += 1
-            return entry[0]
+            return entry[0], entry[2]
         n = self.seen.get(key, 0) + 1
         if n == 1 and len(self.seen) >= MAX_SEEN:
             self.seen.clear()
         self.seen[key] = n
         if n % self.after or key in self.done:
             return None
-        return self._build(key, n, args, general)
+        self._build(key, n, args, general)
+        return None  # the call that built it takes the general path
 
     def demote(self, args: Sequence[Any], exc: Exception) -> None:
-        """The bucket of this call's shape raised: the general path serves the shape from
-        now on (recorded; raised again under strict)."""
+        """The bucket of this call's shape raised or was caught wrong (`Demoted`): the general
+        path serves the shape from now on (recorded; raised again under strict)."""
         key = self.key(args)
         entry = self.served.pop(key, None)
         if entry is not None:
             bucket = entry[1]
             bucket.state, bucket.reason = DEMOTED, f"at run time: {one_line(exc)}"
             self.done.add(key)
-            log.warning("bucket %s (%s) raised at run time (%s); the general path serves it",
+            log.warning("bucket %s (%s) failed at run time (%s); the general path serves it",
                         bucket.shape, bucket.winner, one_line(exc))  # fmt: skip
             self.selection.saved()
         if self.selection.strict:
             raise exc
 
-    def _build(self, key: Key, n: int, args: Sequence[Any], general: General) -> Fn | None:
+    def _build(self, key: Key, n: int, args: Sequence[Any], general: General) -> None:
         """Build this shape's bucket unless another build runs; evict the least used when
         full (only for a shape called more often than it)."""
         if not self.building.acquire(blocking=False):
-            return None
+            return
         try:
             if key in self.served or key in self.done:
-                return None
-            uses = {k: b.before + b.calls for k, (_, b) in self.served.items()}
+                return
+            uses = {k: b.before + b.calls for k, (_, b, _) in self.served.items()}
             victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
             full = len(self.served) >= self.stats.max_buckets
             if full and victim is not None and uses[victim[0]] >= n:
-                return None  # the least used bucket is used as much: try again later
+                return  # the least used bucket is used as much: try again later
             bucket, fn = self._select(args, general)
             bucket.before = n
             self.stats.buckets.append(bucket)
@@ -132,9 +139,9 @@ class Buckets:
                     old = victim[1][1]
                     old.state = EVICTED
                     old.reason = f"least used of {self.stats.max_buckets} (max_buckets)"
-                self.served[key] = (fn, bucket)
+                self.served[key] = (fn, bucket, general.bucket_watch(bucket.winner or ""))
             self.selection.saved()
-            return fn
+            return
         finally:
             self.building.release()
 
