@@ -129,6 +129,7 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "reverify_rate": number(low=0, high=1),
     "memory": optional(boolean),
     "store": optional(store),
+    "max_artefact_mb": optional(number(low=0, high=2**20)),  # a TiB
 }
 
 
