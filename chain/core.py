@@ -74,6 +74,7 @@ class Chain:
         store: str | os.PathLike[str] | None = None,
         bucket_after: int | None = None,
         max_buckets: int = 8,
+        max_artefact_mb: float | None = None,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -114,7 +115,7 @@ class Chain:
                        options=self.options, tolerances=tolerances,
                        compile_timeout_s=compile_timeout_s)  # fmt: skip
         on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
-        self.memory = Memory(store, decides) if on else None
+        self.memory = Memory(store, decides, max_artefact_mb) if on else None
 
     @property
     def speed(self) -> SpeedRules:
@@ -180,6 +181,9 @@ class Chain:
         record = self._finish(record, tuple(attempts), eager)
         stored = self.memory and recall and hit is None  # a selection ran: remember it
         if stored and (note := self.memory.remember(recall, record)):  # type: ignore[union-attr]
+            record = dataclasses.replace(record, notes=(*record.notes, note))
+            self.report.graphs[record.id] = record
+        if recall is not None and (note := self._keep_artefact(recall, record, fns, gm, inputs)):
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
         winner = record.winner
@@ -302,7 +306,11 @@ class Chain:
         elif base_name(decision.winner) in names:
             backend = self.backends[names.index(base_name(decision.winner))]
             variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
-            fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
+            fresh, fn, note = self._from_artefact(backend, gm, inputs, reference, recall)
+            if note:
+                record = dataclasses.replace(record, notes=(*record.notes, note))
+            if fn is None:
+                fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
         else:
             fresh, fn = Attempt(decision.winner, Status.UNAVAILABLE, "not in this chain"), None
         attempts = replay(recall, fresh) if fresh is not None and fn is not None else None
@@ -317,6 +325,61 @@ class Chain:
             eager_spread_ms=decision.eager_spread_ms,
         )
         return attempts, fn, record
+
+    def _from_artefact(
+        self,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        recall: Recall,
+    ) -> tuple[Attempt | None, Callable[..., Any] | None, str | None]:
+        """The remembered winner compiled from its stored artefact (chain.memory.artefacts):
+        its attempt and callable, or (None, None, why not) for a compile as usual."""
+        decision = recall.decision
+        if self.memory is None or decision is None or decision.winner != backend.name:
+            return None, None, None
+        if backend.reuse is None:
+            return None, None, None
+        data, note = self.memory.artefact(recall, backend.name, gm, inputs)
+        if data is None:
+            return None, None, note
+        fresh, fn = self._try(backend.reusing(data), backend, gm, inputs, reference)
+        if fn is None:
+            return (
+                None,
+                None,
+                (
+                    f"memory: {backend.name} from its stored artefact failed ({fresh.status}: "
+                    f"{fresh.reason}); compiled as usual"
+                ),
+            )
+        loaded = {"key": recall.key, "bytes": len(data)}
+        fresh = dataclasses.replace(fresh, details={**fresh.details, "artefact": loaded})
+        note = (
+            f"memory: {backend.name} built from its stored artefact ({len(data) / 2**20:.1f} "
+            "MiB): its expensive step (ONNX export, ...) skipped"
+        )
+        return fresh, fn, note
+
+    def _keep_artefact(
+        self,
+        recall: Recall,
+        record: GraphRecord,
+        fns: dict[str, Callable[..., Any]],
+        gm: fx.GraphModule,
+        inputs: list[Any],
+    ) -> str | None:
+        """Store the winner's artefact with its decision, unless it was loaded from one."""
+        winner = record.winning_attempt
+        names = [b.name for b in self.backends]
+        if self.memory is None or winner is None or winner.backend not in names:
+            return None
+        if "artefact" in winner.details or self.backends[names.index(winner.backend)].reuse is None:
+            return None
+        return self.memory.keep_artefact(
+            recall, winner.backend, fns.get(winner.backend), gm, inputs
+        )
 
     def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
         """The graph a recompile replaces: the latest one compiled from the same frame."""
