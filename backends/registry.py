@@ -18,6 +18,11 @@ A backend that can be exported (`chain.export`) declares two more hooks, kept in
 folder (`backends.common.parts` has their vocabulary): `exporter(request) -> ExportedParts
 | None` turns its compiled graph into parts with payloads, and `loader(header, body,
 device) -> runner` runs a payload it built, in any process that imports `backends`.
+
+A backend whose compile has an expensive step whose result can be kept (ONNX Runtime's
+export) declares `reuse(gm, example_inputs, artefact=bytes, **options) -> callable`: the
+same compile from an `Artefact` its compiled callable offered as `chain_artefact`. The
+chain's memory stores it with a remembered decision and offers it back in a new process.
 """
 
 from __future__ import annotations
@@ -44,6 +49,22 @@ if TYPE_CHECKING:
 
 CompiledFn = Callable[..., Any]
 CompilerFn = Callable[..., CompiledFn]  # (gm, example_inputs, **options) -> CompiledFn
+
+
+@dataclass(frozen=True)
+class Artefact:
+    """What a compiled graph can be rebuilt from without its expensive step: `data` (bytes
+    the backend's `reuse` hook reads back) and `reads`, the positions of the graph inputs
+    whose values are baked into it (weights): a store keys the artefact by their values."""
+
+    data: bytes
+    reads: tuple[int, ...] = ()
+
+
+def offered_artefact(fn: object) -> Artefact | None:
+    """The artefact a compiled callable offers (`chain_artefact`), or None."""
+    artefact = getattr(fn, "chain_artefact", None)
+    return artefact if isinstance(artefact, Artefact) else None
 
 
 def always_available() -> str | None:
@@ -77,6 +98,13 @@ class Backend:
     exporter: Exporter | None = None  # compiled graph -> parts with payloads (chain.export)
     loader: Loader | None = None  # payload header and body -> a runner (at load time)
     dynamic: bool = True  # takes graphs with symbolic sizes (False: fixed shapes only)
+    reuse: CompilerFn | None = None  # (gm, inputs, artefact=bytes, **options): from an artefact
+
+    def reusing(self, data: bytes) -> Backend:
+        """This backend compiling from a stored artefact's `data` (its `reuse` hook)."""
+        if self.reuse is None:
+            raise ValueError(f"backend {self.name!r} has no reuse hook")
+        return dataclasses.replace(self, compiler=functools.partial(self.reuse, artefact=data))
 
     @property
     def exportable(self) -> bool:
@@ -125,6 +153,7 @@ class BackendRegistry:
         exporter: Exporter | None = None,
         loader: Loader | None = None,
         dynamic: bool = True,
+        reuse: CompilerFn | None = None,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
@@ -135,6 +164,8 @@ class BackendRegistry:
         `exporter` and `loader` (given together) make the backend exportable: see
         `backends.common.parts`. `dynamic=False`: the backend compiles for fixed shapes
         only, and graphs with symbolic sizes are refused before it is called.
+        `reuse(gm, example_inputs, artefact=bytes, **options)` compiles from an `Artefact`
+        the backend's compiled callable offered (`chain_artefact`), skipping its expensive step.
         """
         if (exporter is None) != (loader is None):
             raise ValueError(f"backend {name!r}: give both exporter and loader, or neither")
@@ -161,6 +192,7 @@ class BackendRegistry:
                 exporter=exporter,
                 loader=loader,
                 dynamic=dynamic,
+                reuse=reuse,
             )
             self._backends[name] = backend
             return backend

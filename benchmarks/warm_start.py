@@ -88,11 +88,14 @@ def main() -> None:
     for model in args.models:
         for label, backend in BACKENDS.items():
             with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
-                cold = first_call(model, backend, Path(tmp))
+                try:
+                    cold_s = f"{first_call(model, backend, Path(tmp))['first_s']:.2f}"
+                except RuntimeError as e:  # a failed cold start is a cell, not the end
+                    cold_s = f"failed: {str(e).strip().splitlines()[-1][:80]}"
                 warm = [first_call(model, backend, Path(tmp)) for _ in range(args.repeats)]
             best = min(w["first_s"] for w in warm)  # type: ignore[type-var]
             print(
-                f"| {model} | {label} | {cold['first_s']:.2f} | {best:.2f} | "
+                f"| {model} | {label} | {cold_s} | {best:.2f} | "
                 f"{warm[0]['remembered']} | {', '.join(map(str, warm[0]['winners']))} |",
                 flush=True,
             )

@@ -17,10 +17,11 @@ from backends.registry import Backend
 from chain import graphinfo, recompiles
 from chain.accuracy import reduction_lengths
 from chain.attempt import Reference, dynamo_signal, one_line, try_backend
+from chain.buckets import Buckets, BucketStats, Selection, ShapeKey
 from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
-from chain.guard import GuardedGraph
+from chain.guard import _FALLBACK, GuardedGraph
 from chain.isolation import Isolation
 from chain.look import capture, progress, trace
 from chain.memory import Memory, Recall, enabled_by_env, hit_note, miss_note, replay
@@ -71,6 +72,9 @@ class Chain:
         reverify_rate: float = 0.01,
         memory: bool | None = None,
         store: str | os.PathLike[str] | None = None,
+        bucket_after: int | None = None,
+        max_buckets: int = 8,
+        max_artefact_mb: float | None = None,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -99,6 +103,8 @@ class Chain:
         self.graphs = GraphsStage(cuda_graphs, self.backends)
         self.watch = watch
         self.reverify_rate = reverify_rate
+        self.bucket_after = bucket_after
+        self.max_buckets = max_buckets
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report_file = ReportFile(self.report_path) if self.report_path else None
@@ -109,7 +115,7 @@ class Chain:
                        options=self.options, tolerances=tolerances,
                        compile_timeout_s=compile_timeout_s)  # fmt: skip
         on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
-        self.memory = Memory(store, decides) if on else None
+        self.memory = Memory(store, decides, max_artefact_mb) if on else None
 
     @property
     def speed(self) -> SpeedRules:
@@ -177,12 +183,58 @@ class Chain:
         if stored and (note := self.memory.remember(recall, record)):  # type: ignore[union-attr]
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
+        if recall is not None and (note := self._keep_artefact(recall, record, fns, gm, inputs)):
+            record = dataclasses.replace(record, notes=(*record.notes, note))
+            self.report.graphs[record.id] = record
         winner = record.winner
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
         watch_for = self._watch_for(record, gm, reference)
-        return GuardedGraph(self, record.id, gm, fns[winner], self._index(winner), watch_for)
+        buckets = self._buckets(record.id, gm, inputs, winner)
+        index = self._index(winner)
+        return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets)
+
+    # -- per-shape buckets (chain.buckets) ----------------------------------------------
+
+    def _buckets(
+        self, graph_id: int, gm: fx.GraphModule, inputs: list[Any], winner: str
+    ) -> Buckets | None:
+        """Buckets for a graph with symbolic sizes that the chain can verify and time, and
+        that has fixed-shape candidates; None otherwise (the guard then costs nothing more).
+        Graphs that write their inputs or draw random numbers get none."""
+        key = ShapeKey(gm, inputs)
+        if self.bucket_after is None or not (self.verify and self.measure) or not key:
+            return None
+        if graphinfo.mutates_inputs(gm) or graphinfo.random_nodes(gm):
+            return None
+        candidates = self._bucket_candidates(winner)
+        if not candidates:
+            return None
+        stats = BucketStats(self.bucket_after, self.max_buckets, [b.name for b in candidates])
+        record = self.report.graphs[graph_id]
+        self.report.graphs[graph_id] = dataclasses.replace(record, buckets=stats)
+        selection = Selection(
+            reference=self._reference,
+            attempt=lambda b, g, x, r: self._try(b, b, g, x, r),
+            candidates=self._bucket_candidates,
+            speed=self.speed,
+            strict=self.strict,
+            saved=self._save,
+        )
+        return Buckets(gm, key, stats, selection)
+
+    def _bucket_candidates(self, winner: str) -> list[Backend]:
+        """What may serve a hot shape: the chain's fixed-shape backends (`dynamic=False`)
+        and the general winner compiled for that shape (static inductor), eager excepted."""
+        base = base_name(winner)
+        return [b for b in self.backends if not b.dynamic or (b.name == base and base != EAGER)]
+
+    def _save(self) -> None:
+        """Rewrite the report file, if there is one (one writer at a time)."""
+        if self.report_file is not None:
+            with _FALLBACK:
+                self.report_file.write(self.report)
 
     def _watch_for(
         self, record: GraphRecord, gm: fx.GraphModule, reference: Reference
@@ -254,7 +306,11 @@ class Chain:
         elif base_name(decision.winner) in names:
             backend = self.backends[names.index(base_name(decision.winner))]
             variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
-            fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
+            fresh, fn, note = self._from_artefact(backend, gm, inputs, reference, recall)
+            if note:
+                record = dataclasses.replace(record, notes=(*record.notes, note))
+            if fn is None:
+                fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
         else:
             fresh, fn = Attempt(decision.winner, Status.UNAVAILABLE, "not in this chain"), None
         attempts = replay(recall, fresh) if fresh is not None and fn is not None else None
@@ -269,6 +325,61 @@ class Chain:
             eager_spread_ms=decision.eager_spread_ms,
         )
         return attempts, fn, record
+
+    def _from_artefact(
+        self,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        recall: Recall,
+    ) -> tuple[Attempt | None, Callable[..., Any] | None, str | None]:
+        """The remembered winner compiled from its stored artefact (chain.memory.artefacts):
+        its attempt and callable, or (None, None, why not) for a compile as usual."""
+        decision = recall.decision
+        if self.memory is None or decision is None or decision.winner != backend.name:
+            return None, None, None
+        if backend.reuse is None:
+            return None, None, None
+        data, note = self.memory.artefact(recall, backend.name, gm, inputs)
+        if data is None:
+            return None, None, note
+        fresh, fn = self._try(backend.reusing(data), backend, gm, inputs, reference)
+        if fn is None:
+            return (
+                None,
+                None,
+                (
+                    f"memory: {backend.name} from its stored artefact failed ({fresh.status}: "
+                    f"{fresh.reason}); compiled as usual"
+                ),
+            )
+        loaded = {"key": recall.key, "bytes": len(data)}
+        fresh = dataclasses.replace(fresh, details={**fresh.details, "artefact": loaded})
+        note = (
+            f"memory: {backend.name} built from its stored artefact ({len(data) / 2**20:.1f} "
+            "MiB): its expensive step (ONNX export, ...) skipped"
+        )
+        return fresh, fn, note
+
+    def _keep_artefact(
+        self,
+        recall: Recall,
+        record: GraphRecord,
+        fns: dict[str, Callable[..., Any]],
+        gm: fx.GraphModule,
+        inputs: list[Any],
+    ) -> str | None:
+        """Store the winner's artefact with its decision, unless it was loaded from one."""
+        winner = record.winning_attempt
+        names = [b.name for b in self.backends]
+        if self.memory is None or winner is None or winner.backend not in names:
+            return None
+        if "artefact" in winner.details or self.backends[names.index(winner.backend)].reuse is None:
+            return None
+        return self.memory.keep_artefact(
+            recall, winner.backend, fns.get(winner.backend), gm, inputs
+        )
 
     def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
         """The graph a recompile replaces: the latest one compiled from the same frame."""

@@ -6,13 +6,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import fx
 
 from backends.errors import BackendExit
 from chain.isolation import WeightsDamaged
 from chain.watch import Demoted, InputsWritten, Watch
+
+if TYPE_CHECKING:
+    from chain.buckets import Buckets
 
 # One fallback at a time, process-wide: fallbacks are rare and slow (they compile), and one
 # lock also keeps two graphs from rewriting the report at once. Re-entrant: a nested
@@ -53,7 +56,7 @@ class GuardedGraph:
     the fallback and then runs the new winner: no call raises because another falls back.
     """
 
-    __slots__ = ("active", "chain", "chain_details", "gm", "graph_id", "watch_for")
+    __slots__ = ("active", "buckets", "chain", "chain_details", "gm", "graph_id", "watch_for")
 
     def __init__(
         self,
@@ -63,8 +66,10 @@ class GuardedGraph:
         fn: Callable[..., Any],
         backend_index: int,
         watch_for: Callable[[str], Watch | None] | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         self.chain = chain
+        self.buckets = buckets  # per-shape buckets (chain.buckets); None: the winner only
         self.graph_id = graph_id
         self.gm = gm
         self.watch_for = watch_for
@@ -82,13 +87,39 @@ class GuardedGraph:
         """The winner's position in the chain (past the end: the eager floor)."""
         return self.active.backend_index
 
+    @property
+    def winner(self) -> str:
+        """The name of the winner now in use (the general path, for the buckets)."""
+        return str(self.chain_details["winner"])
+
     def switch(self, fn: Callable[..., Any], backend_index: int, winner: str) -> None:
         """Run `fn` from now on: the callable of `winner`, at `backend_index` in the chain."""
         watch = self.watch_for(winner) if self.watch_for else None
         self.chain_details["winner"] = winner
         self.active = Active(fn, backend_index, watch)
 
+    def bucket_watch(self, winner: str) -> Watch | None:
+        """The run-time checks for a bucket `winner` serves (chain.buckets): the graph's own,
+        its calls counted on the bucket rather than on the graph's record."""
+        watch = self.watch_for(winner) if self.watch_for else None
+        if watch is not None:
+            watch.counts_calls = False
+        return watch
+
     def __call__(self, *args: Any) -> Any:
+        if self.buckets is not None and (served := self.buckets.pick(args, self)) is not None:
+            try:  # a hot shape's bucket, watched as a winner is
+                out, n, reason = self._bucket_call(*served, args)
+                if reason is None:
+                    return out
+                failure: Exception = Demoted(n, reason)
+            except (InputsWritten, WeightsDamaged):
+                raise  # the inputs or weights are no longer the caller's: no path can run
+            except Exception as exc:
+                failure = exc
+            except SystemExit as exc:
+                failure = BackendExit(exc)
+            self.buckets.demote(args, failure)  # recorded; the general path runs this call
         active = self.active
         watch = active.watch
         if watch is None:
@@ -118,6 +149,34 @@ class GuardedGraph:
         if reason is not None:
             return self._recover(active, Demoted(n, reason), args, kept)
         return out
+
+    def _bucket_call(
+        self, fn: Callable[..., Any], watch: Watch | None, args: tuple[Any, ...]
+    ) -> tuple[Any, int, str | None]:
+        """A bucket's call with the general winner's checks: (output, the call's number for
+        its shape, why it is wrong). A bucket's graph writes none of its inputs
+        (chain.buckets), so nothing is kept before the call."""
+        if watch is None:
+            return fn(*args), 0, None
+        n = watch.call_number()
+        versions = watch.versions(args)
+        if n >= watch.schedule.due:
+            out, reason = watch.reverify(n, args, None, lambda: fn(*args))
+        else:
+            out = fn(*args)
+            reason, suspect = watch.check(n, args, out)
+            if reason is None and suspect:
+                out, reason = watch.reverify(n, args, None, lambda: out)
+        if moved := watch.wrote(args, versions):
+            assert self.buckets is not None
+            self.buckets.demote(args, Demoted(n, f"wrote input(s) {moved}"))
+            raise InputsWritten(
+                f"a bucket of graph {self.graph_id} wrote input(s) {moved} where eager does "
+                f"not (call {n} of its shape): those inputs hold what it wrote and could not "
+                "be restored; the general path serves that shape from now on. Re-create them "
+                "and call again."
+            )
+        return out, n, reason
 
     def _written(self, active: Active, n: int, moved: list[int], args: tuple[Any, ...]) -> None:
         """The winner wrote inputs eager leaves alone: demote it, and fail this call with what

@@ -129,6 +129,9 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "reverify_rate": number(low=0, high=1),
     "memory": optional(boolean),
     "store": optional(store),
+    "bucket_after": optional(integer(low=1, high=1_000_000)),  # None: no buckets
+    "max_buckets": integer(low=1, high=1024),
+    "max_artefact_mb": optional(number(low=0, high=2**20)),  # a TiB
 }
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chain import json_fields as jf
 from chain.watch.stats import RunChecks
+
+if TYPE_CHECKING:
+    from chain.buckets.stats import BucketStats
 
 
 class Status(str, Enum):
@@ -139,6 +142,7 @@ class GraphRecord:
     code: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
     watch: RunChecks | None = None  # what the run-time checks did (chain.watch); live counts
+    buckets: BucketStats | None = None  # its per-shape buckets (chain.buckets); live counts
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -162,6 +166,7 @@ class GraphRecord:
             "recompiles": self.recompiles,
             "recompile_reason": self.recompile_reason,
             "watch": self.watch.to_dict() if self.watch is not None else None,
+            "buckets": self.buckets.to_dict() if self.buckets is not None else None,
             "attempts": [a.to_dict() for a in self.attempts],
             "sources": dict(self.sources),
             "code": self.code,
@@ -170,6 +175,8 @@ class GraphRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GraphRecord:
         """The record `to_dict` wrote; a field of the wrong type is a TypeError naming it."""
+        from chain.buckets.stats import BucketStats  # chain.buckets imports records
+
         data = jf.mapping(data, "a graph record")
         graph = f"graph {jf.integer(data['id'], 'a graph record: id')}"
         ops = jf.mapping(data["ops"], f"{graph}: ops")
@@ -198,6 +205,7 @@ class GraphRecord:
                 for k, v in jf.mapping(data.get("sources") or {}, f"{graph}: sources").items()
             },
             watch=RunChecks.from_dict(data.get("watch")),
+            buckets=BucketStats.from_dict(data.get("buckets")),
         )
 
     def __str__(self) -> str:
@@ -205,4 +213,6 @@ class GraphRecord:
         if self.recompiles is not None:
             lines.append(f"  recompiles graph {self.recompiles}: {self.recompile_reason}")
         lines += [f"  {a}" for a in self.attempts]
+        if self.buckets is not None:
+            lines += [f"  bucket {b}" for b in self.buckets.buckets]
         return "\n".join(lines)

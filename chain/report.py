@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
+from rich.table import Table
 
 from backends.common.files import atomic_write
 from chain.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
@@ -250,7 +251,22 @@ class Report:
         )
         for row in self.attempts(failures_only):
             attempts.add_row(*cells(ATTEMPT_COLUMNS, row), style=_STYLES.get(row[1].status, "red"))
-        return Group(graphs, attempts)
+        buckets = self.buckets_table()
+        return Group(graphs, attempts, *([buckets] if buckets is not None else []))
+
+    def buckets_table(self) -> Table | None:
+        """The graphs' per-shape buckets (chain.buckets), one row each; None when none."""
+        rows = [(g, b) for g in self.graphs if g.buckets for b in g.buckets.buckets]
+        if not rows:
+            return None
+        table = Table(title="buckets", title_justify="left")
+        for name in ("graph", "shape", "state", "winner", "calls", "speedup", "reason"):
+            table.add_column(name, overflow="fold")
+        for g, b in rows:
+            speedup = f"{b.speedup:.2f}x" if b.speedup is not None else ""
+            winner = b.winner or f"general:{b.general}"
+            table.add_row(str(g.id), b.shape, b.state, winner, str(b.calls), speedup, b.reason)
+        return table
 
     def render(self, failures_only: bool = False, width: int = 120) -> str:
         """The tables as plain text (what `str(report)` prints)."""

@@ -327,6 +327,31 @@ def test_redis_store_serves_a_second_chain(redis_url: str, compiles: list[str]) 
     assert entries(redis_url) == []
 
 
+def test_redis_store_keeps_artefacts(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ONNX Runtime winner's export goes to Redis with its decision; a second chain on
+    the same store builds its session from it without exporting; clear removes both."""
+    import redis
+
+    import backends.onnxruntime as ort_backend
+
+    exported: list[int] = []
+    real = ort_backend.export_onnx
+    monkeypatch.setattr(
+        ort_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k)
+    )
+    clear(redis_url)
+    backend = ("onnxruntime", "eager")
+    _run(chain(*backend, eager_floor=False, store=redis_url, memory=True))
+    client = redis.Redis.from_url(redis_url)
+    [name] = client.keys("backend-chain:artefact:*")
+    second = _run(chain(*backend, eager_floor=False, store=redis_url, memory=True))
+    assert exported == [1], second.notes
+    assert any("built from its stored artefact" in n for n in second.notes), second.notes
+    assert second.winning_attempt.details["artefact"]["key"] == name.decode().split(":")[-1]
+    assert clear(redis_url) == 1
+    assert client.keys("backend-chain:*") == []
+
+
 def test_store_cli_lists_shows_and_clears(tmp_path: Path) -> None:
     _run(chain("eager", store=tmp_path, memory=True))
     [key] = [p.stem for p in tmp_path.glob("*.json")]

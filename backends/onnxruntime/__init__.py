@@ -29,6 +29,7 @@ from backends.common.fx_utils import refuse_training
 from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import LEVELS, session_options
 from backends.errors import Unsupported
+from backends.onnxruntime.artefact import from_artefact
 from backends.onnxruntime.deploy import export_parts, load_payload
 from backends.onnxruntime.runtime import (
     Compiled,
@@ -126,16 +127,10 @@ def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> di
     }
 
 
-@register_backend(
-    "onnxruntime",
-    available=available,
-    options=OPTIONS,
-    exporter=export_parts,
-    loader=load_payload,
-)
-def onnxruntime_backend(
+def _compile(
     gm: fx.GraphModule,
     example_inputs: list[Any],
+    stored: OnnxGraph | None,
     *,
     providers: Sequence[Provider] | None = None,
     graph_optimization_level: str = "all",
@@ -143,7 +138,7 @@ def onnxruntime_backend(
     allow_spinning: bool = False,
     on_weight_change: str = "reexport",
 ) -> OrtRunner:
-    """Export the graph to ONNX once and run it with ONNX Runtime."""
+    """The runner for `gm`: from the `stored` export when given (no export), else exported."""
     options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
     check_inference(example_inputs)
     device = _device_of(example_inputs)
@@ -151,17 +146,22 @@ def onnxruntime_backend(
     specs = _output_specs(outputs)
     chosen = list(providers) if providers is not None else default_providers(device)
 
-    def build(inputs: Sequence[object]) -> Compiled:
-        graph = export_onnx(gm, inputs)
+    def build(inputs: Sequence[object], graph: OnnxGraph | None = None) -> Compiled:
+        graph = graph if graph is not None else export_onnx(gm, inputs)
         if graph.num_outputs != len(specs):
             raise Unsupported(
                 f"exported model has {graph.num_outputs} outputs, graph has {len(specs)}"
             )
+        if any(i >= len(inputs) for i in (*graph.input_positions, *graph.frozen)):
+            raise Unsupported(f"the model reads inputs the graph has not ({len(inputs)} inputs)")
         cancel.checkpoint()  # an abandoned compile builds no session
         session = create_session(graph.model, options, chosen)
         return Compiled(graph, session, snapshot_frozen(graph, inputs))
 
-    compiled = build(example_inputs)
+    compiled = build(example_inputs, stored)
+    facts = details(compiled.graph, chosen, compiled.session)
+    if stored is not None:
+        facts["from_artefact"] = True  # built from a stored export: nothing exported
     return OrtRunner(
         compiled,
         device=device,
@@ -169,9 +169,29 @@ def onnxruntime_backend(
         single_output=single,
         rebuild=build,
         on_weight_change=on_weight_change,
-        details=details(compiled.graph, chosen, compiled.session),
+        details=facts,
         stream=user_stream(chosen),
     )
+
+
+def onnxruntime_reuse(
+    gm: fx.GraphModule, example_inputs: list[Any], *, artefact: bytes, **options: Any
+) -> OrtRunner:
+    """The backend's compile from a stored export (`chain_artefact`): no export, a session."""
+    return _compile(gm, example_inputs, from_artefact(artefact), **options)
+
+
+@register_backend(
+    "onnxruntime",
+    available=available,
+    options=OPTIONS,
+    exporter=export_parts,
+    loader=load_payload,
+    reuse=onnxruntime_reuse,
+)
+def onnxruntime_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -> OrtRunner:
+    """Export the graph to ONNX once and run it with ONNX Runtime."""
+    return _compile(gm, example_inputs, None, **options)
 
 
 __all__ = [

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 from backends.common.onnx_export import OnnxGraph
+from backends.onnxruntime.artefact import to_artefact
+from backends.registry import Artefact
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,11 @@ class OrtRunner:
     def chain_payload(self) -> bytes:
         """The ONNX model this runner executes (weights included as initializers)."""
         return self._compiled.graph.model
+
+    @property
+    def chain_artefact(self) -> Artefact:
+        """The export this runner executes, for the chain to store (`reuse` reads it back)."""
+        return to_artefact(self._compiled.graph)
 
     @property
     def graph(self) -> OnnxGraph:

@@ -18,6 +18,8 @@ from typing import Any
 
 from torch import fx
 
+from backends.registry import offered_artefact
+from chain.memory import artefacts
 from chain.memory.entry import BadEntry, Decision, decode, encode
 from chain.memory.key import digest, key_parts
 from chain.memory.stores import Store, StoreUnavailable, open_store
@@ -45,9 +47,15 @@ def _warn(message: str) -> None:
 class Memory:
     """Decisions for one chain, in the store `spec` names (opened at the first lookup)."""
 
-    def __init__(self, spec: str | os.PathLike[str] | None, chain: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        spec: str | os.PathLike[str] | None,
+        chain: Mapping[str, Any],
+        max_artefact_mb: float | None = None,
+    ) -> None:
         self.spec = spec
         self.chain = dict(chain)
+        self.max_artefact_bytes = artefacts.max_bytes(max_artefact_mb)
         self._store: Store | None = None
         self._down: str | None = None  # why the store is not used in this process
         self._lock = threading.Lock()
@@ -114,10 +122,69 @@ class Memory:
             return self._fail(str(e))
         return None
 
+    def artefact(
+        self, recall: Recall, backend: str, gm: fx.GraphModule, inputs: Sequence[Any]
+    ) -> tuple[bytes | None, str | None]:
+        """The stored artefact of the recalled winner `backend`, checked, and a note when
+        one was found but is not used (failed a check, made for other weights)."""
+        store = self.store()
+        if recall.key is None or store is None:
+            return None, None
+        try:
+            data = store.artefacts().get(recall.key)
+        except StoreUnavailable as e:
+            return None, self._fail(str(e))
+        if data is None:
+            return None, None
+        try:
+            artefact, weights = artefacts.decode(data, recall.key, backend)
+        except BadEntry as e:
+            note = (
+                f"memory: artefact {recall.key} in {store.location} ignored: {e}; "
+                f"{backend} compiled as usual"
+            )
+            _warn(note)
+            return None, note
+        digest, why = artefacts.weights_digest(gm, inputs, artefact.reads)
+        if digest != weights:
+            what = why or "made for other weights"
+            note = f"memory: artefact {recall.key} not used ({what}); {backend} compiled as usual"
+            return None, note
+        return artefact.data, None
+
+    def keep_artefact(
+        self,
+        recall: Recall,
+        backend: str,
+        fn: Any,
+        gm: fx.GraphModule,
+        inputs: Sequence[Any],
+    ) -> str | None:
+        """Store the artefact the winner's compiled `fn` offers under the recall's key; a
+        note when it is not stored (too large, weights that cannot be hashed, store down)."""
+        artefact = offered_artefact(fn)
+        store = self.store()
+        if artefact is None or recall.key is None or store is None:
+            return None
+        if len(artefact.data) > self.max_artefact_bytes:
+            return (
+                f"memory: {backend}'s artefact not stored: {len(artefact.data) / 2**20:.1f} MiB "
+                f"> max_artefact_mb {self.max_artefact_bytes / 2**20:g}"
+            )
+        weights, why = artefacts.weights_digest(gm, inputs, artefact.reads)
+        if weights is None:
+            return f"memory: {backend}'s artefact not stored: {why}"
+        try:
+            data = artefacts.encode(recall.key, backend, artefact, weights)
+            store.artefacts().put(recall.key, data)
+        except StoreUnavailable as e:
+            return self._fail(str(e))
+        return None
+
 
 def _without_memory(attempt: Attempt) -> Attempt:
     """An attempt as stored: no `remembered` detail from an earlier replay."""
-    details = {k: v for k, v in attempt.details.items() if k != "remembered"}
+    details = {k: v for k, v in attempt.details.items() if k not in ("remembered", "artefact")}
     return dataclasses.replace(attempt, details=details)
 
 

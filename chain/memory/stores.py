@@ -34,6 +34,7 @@ class Store(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def names(self) -> Iterator[str]: ...
     def delete(self, key: str) -> bool: ...
+    def artefacts(self) -> Store: ...
 
 
 def default_dir() -> Path:
@@ -55,14 +56,20 @@ def check_key(key: str) -> str:
 
 class LocalStore:
     """One JSON file per key in a directory; written atomically (temp file + os.replace),
-    so any number of processes may write one key: readers see a whole entry, the last one."""
+    so any number of processes may write one key: readers see a whole entry, the last one.
+    Artefacts: one `.bin` file per key in its `artefacts` folder, written the same way."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], suffix: str = ".json") -> None:
         self.directory = Path(directory).expanduser()
         self.location = str(self.directory)
+        self.suffix = suffix
 
     def _path(self, key: str) -> Path:
-        return self.directory / f"{check_key(key)}.json"
+        return self.directory / f"{check_key(key)}{self.suffix}"
+
+    def artefacts(self) -> LocalStore:
+        """The artefacts kept with the decisions: `<directory>/artefacts/<key>.bin`."""
+        return LocalStore(self.directory / "artefacts", suffix=".bin")
 
     def get(self, key: str) -> bytes | None:
         try:
@@ -82,7 +89,7 @@ class LocalStore:
     def names(self) -> Iterator[str]:
         if not self.directory.is_dir():
             return
-        for path in sorted(self.directory.glob("*.json")):
+        for path in sorted(self.directory.glob(f"*{self.suffix}")):
             if _KEY.match(path.stem):
                 yield path.stem
 
@@ -95,7 +102,8 @@ class LocalStore:
 
 
 class RedisStore:
-    """Entries under `backend-chain:decision:<key>` in a Redis database, through `redis`."""
+    """Entries under `backend-chain:decision:<key>` in a Redis database, through `redis`;
+    artefacts under `backend-chain:artefact:<key>`."""
 
     PREFIX = "backend-chain:decision:"
 
@@ -132,6 +140,12 @@ class RedisStore:
 
     def delete(self, key: str) -> bool:
         return bool(self._call(lambda: self._client.delete(self.PREFIX + check_key(key))))
+
+    def artefacts(self) -> RedisStore:
+        """The artefacts, in the same database under `backend-chain:artefact:`."""
+        other = RedisStore.__new__(RedisStore)
+        other.__dict__.update(self.__dict__, PREFIX="backend-chain:artefact:")
+        return other
 
 
 def open_store(spec: str | os.PathLike[str] | None = None) -> Store:

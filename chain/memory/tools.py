@@ -63,9 +63,13 @@ def show(key: str, store: Spec = None) -> dict[str, Any]:
 
 
 def clear(store: Spec = None, key: str | None = None) -> int:
-    """Remove the entry `key`, or every entry; returns how many were removed."""
+    """Remove the entry `key`, or every entry, with their artefacts; returns how many
+    entries were removed."""
     opened = open_store(store)
+    artefacts = opened.artefacts()
     keys = [key] if key is not None else list(opened.names())
+    for k in keys if key is not None else list(artefacts.names()):
+        artefacts.delete(k)
     return sum(opened.delete(k) for k in keys)
 
 

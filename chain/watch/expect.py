@@ -7,8 +7,10 @@ recorded (its `example_value`/`val` meta: SymInts), each turned into a small fun
 the symbols' sources in this call's arguments (an int argument, or a dim of a tensor
 argument); a dim whose expression cannot be evaluated so is left unchecked, and listed.
 
-Aliasing is checked against the non-parameter tensor inputs only (a few per graph); an
-output aliasing a parameter is left to re-verification. NaN/inf is looked for only in CPU
+Aliasing is checked against the non-parameter tensor inputs only (a few per graph), and
+against those of the output's dtype and device (sharing memory across dtypes takes a
+reinterpreting view no compiler makes of an input); an output aliasing a parameter is left
+to re-verification. NaN/inf is looked for only in CPU
 outputs (on a GPU, reading the answer would synchronize every call); finding one makes the
 call suspect (re-verified at once), not wrong: eager may produce NaN too.
 """
@@ -38,6 +40,7 @@ class OutputSpec:
     shape: tuple[Dim, ...]
     static: tuple[int, ...] | None  # the whole shape, when no dim is symbolic
     alias: int | None  # the input it is a view of in eager (None: fresh memory)
+    fresh_of: tuple[int, ...]  # inputs it must not alias (fresh in eager): same dtype, device
     channels_last: bool
     finite_cpu: bool  # a CPU floating output, finite in eager: NaN/inf in it is suspect
 
@@ -45,8 +48,9 @@ class OutputSpec:
 def _finite(t: torch.Tensor) -> bool:
     """No NaN/inf in `t`, read from its sum (one kernel, where isfinite().all() takes two): a
     NaN or inf makes the sum non-finite; a sum that overflows only makes the call suspect."""
-    wide = torch.float64 if t.dtype in (torch.float16, torch.bfloat16) else None
-    return math.isfinite(float(t.detach().sum(dtype=wide)))
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return math.isfinite(float(t.detach().sum(dtype=torch.float64)))
+    return math.isfinite(float(t.detach().sum()))  # no dtype keyword: a quicker dispatch
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -178,6 +182,13 @@ class Expected:
                     shape=shape,
                     static=static,  # type: ignore[arg-type]
                     alias=alias,
+                    fresh_of=()
+                    if alias is not None
+                    else tuple(
+                        j
+                        for j in self.watched
+                        if inputs[j].dtype == out.dtype and inputs[j].device == out.device
+                    ),
                     channels_last=out.dim() == 4
                     and not out.is_contiguous()
                     and out.is_contiguous(memory_format=torch.channels_last),
@@ -199,7 +210,6 @@ class Expected:
             leaves, spec = pytree.tree_flatten(_as_tuple(out))
             if spec != self.spec:
                 return f"output structure {spec} where eager has {self.spec}", False
-        storages = None
         suspect = False
         for s in self.specs:
             t = leaves[s.index]
@@ -222,11 +232,11 @@ class Expected:
             if s.alias is not None:
                 if _storage(t) != _storage(args[s.alias]):
                     return f"output {i} does not alias input {s.alias} as eager's does", False
-            elif self.watched and t.numel():
-                if storages is None:
-                    storages = {_storage(args[j]): j for j in self.watched}
-                if (j := storages.get(_storage(t))) is not None:
-                    return f"output {i} aliases input {j}; eager's is fresh memory", False
+            elif s.fresh_of and t.numel():
+                where = _storage(t)
+                for j in s.fresh_of:
+                    if _storage(args[j]) == where:
+                        return f"output {i} aliases input {j}; eager's is fresh memory", False
             if s.channels_last and not t.is_contiguous(memory_format=torch.channels_last):
                 return f"output {i} is not channels_last as eager's is", False
             if s.finite_cpu and not suspect and not _finite(t):

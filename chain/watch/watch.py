@@ -62,6 +62,7 @@ class Watch:
         written = set(writes.positions) if writes is not None else set()
         self.versioned = tuple(i for i in versioned if i not in written)
         self.counter = itertools.count(1)  # next() is atomic: call numbers under threads
+        self.counts_calls = True  # False for a bucket's watch: the record counts the graph's
         self.schedule = Schedule(reverify_rate if expected is not None else 0.0)
         self._fp64_gm: fx.GraphModule | None = None
         self._lock = threading.Lock()  # the float64 copy is built once
@@ -80,7 +81,8 @@ class Watch:
     def call_number(self) -> int:
         """The number of this call of the winner (1, 2, ...), counted on the record."""
         n = next(self.counter)
-        self.stats.calls = n
+        if self.counts_calls:
+            self.stats.calls = n
         return n
 
     def check(self, n: int, args: Sequence[Any], out: Any) -> tuple[str | None, bool]:

@@ -1,0 +1,206 @@
+"""Per-shape buckets: a graph with symbolic sizes keeps its general winner, and each shape
+that turns hot gets the chain's fixed-shape candidates compiled for it, verified and timed
+against the general path like any candidate; the fastest serves that shape if it beats it.
+
+The guard asks `pick` on every call: one key built from the call's sizes and one dict
+lookup. Counting, building, eviction and demotion happen here; what to build with (the
+reference run, one attempt, the speed rules) comes from the chain as a `Selection`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import fx
+
+from backends.errors import one_line
+from backends.registry import Backend
+from chain.attempt import Reference
+from chain.buckets.shapes import Key, ShapeKey, specialize
+from chain.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, Bucket, BucketStats
+from chain.records import Attempt, Status
+from chain.speed import EAGER_BIAS, SpeedRules
+from chain.watch import Watch
+
+log = logging.getLogger("chain")
+
+Fn = Callable[..., Any]
+MAX_SEEN = 1024  # shapes counted at once; past it the counts restart (a flood of cold shapes)
+
+
+class General(Protocol):
+    """The guard, as the buckets see it: the general path now in use."""
+
+    @property
+    def fn(self) -> Fn: ...
+
+    @property
+    def winner(self) -> str: ...
+
+    def bucket_watch(self, winner: str) -> Watch | None:
+        """The run-time checks for a bucket won by `winner` (as for a general winner)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chain's means to build a bucket: eager's reference on concrete inputs, one
+    attempt of a backend, the fixed-shape candidates for a general winner, the speed rules,
+    strictness, and a hook that saves the report."""
+
+    reference: Callable[[fx.GraphModule, list[Any]], tuple[Reference, list[str]]]
+    attempt: Callable[[Backend, fx.GraphModule, list[Any], Reference], tuple[Attempt, Fn | None]]
+    candidates: Callable[[str], list[Backend]]
+    speed: SpeedRules
+    strict: bool
+    saved: Callable[[], None]
+
+
+class Buckets:
+    """One graph's buckets: counts calls per shape, builds hot ones, serves the winners.
+
+    Thread safety: counts are plain dict writes (a lost increment only delays a build); one
+    build at a time per graph, taken without waiting, so calls made meanwhile (and every
+    other shape) run the general path.
+    """
+
+    def __init__(
+        self, gm: fx.GraphModule, key: ShapeKey, stats: BucketStats, selection: Selection
+    ) -> None:
+        self.gm = gm
+        self.key = key
+        self.stats = stats
+        self.selection = selection
+        self.after = stats.bucket_after
+        self.served: dict[Key, tuple[Fn, Bucket, Watch | None]] = {}
+        self.seen: dict[Key, int] = {}
+        self.done: set[Key] = set()  # shapes not to build again: lost or demoted
+        self.building = threading.Lock()
+
+    def pick(self, args: Sequence[Any], general: General) -> tuple[Fn, Watch | None] | None:
+        """The bucket's callable and its run-time checks for this call's shape, or None for
+        the general path."""
+        key = self.key(args)
+        entry = self.served.get(key)
+        if entry is not None:
+            entry[1].calls += 1
+            return entry[0], entry[2]
+        n = self.seen.get(key, 0) + 1
+        if n == 1 and len(self.seen) >= MAX_SEEN:
+            self.seen.clear()
+        self.seen[key] = n
+        if n % self.after or key in self.done:
+            return None
+        self._build(key, n, args, general)
+        return None  # the call that built it takes the general path
+
+    def demote(self, args: Sequence[Any], exc: Exception) -> None:
+        """The bucket of this call's shape raised or was caught wrong (`Demoted`): the general
+        path serves the shape from now on (recorded; raised again under strict)."""
+        key = self.key(args)
+        entry = self.served.pop(key, None)
+        if entry is not None:
+            bucket = entry[1]
+            bucket.state, bucket.reason = DEMOTED, f"at run time: {one_line(exc)}"
+            self.done.add(key)
+            log.warning("bucket %s (%s) failed at run time (%s); the general path serves it",
+                        bucket.shape, bucket.winner, one_line(exc))  # fmt: skip
+            self.selection.saved()
+        if self.selection.strict:
+            raise exc
+
+    def _build(self, key: Key, n: int, args: Sequence[Any], general: General) -> None:
+        """Build this shape's bucket unless another build runs; evict the least used when
+        full (only for a shape called more often than it)."""
+        if not self.building.acquire(blocking=False):
+            return
+        try:
+            if key in self.served or key in self.done:
+                return
+            uses = {k: b.before + b.calls for k, (_, b, _) in self.served.items()}
+            victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
+            full = len(self.served) >= self.stats.max_buckets
+            if full and victim is not None and uses[victim[0]] >= n:
+                return  # the least used bucket is used as much: try again later
+            bucket, fn = self._select(args, general)
+            bucket.before = n
+            self.stats.buckets.append(bucket)
+            if fn is None:
+                self.done.add(key)
+            else:
+                if full and victim is not None:
+                    del self.served[victim[0]]
+                    self.seen.pop(victim[0], None)
+                    old = victim[1][1]
+                    old.state = EVICTED
+                    old.reason = f"least used of {self.stats.max_buckets} (max_buckets)"
+                self.served[key] = (fn, bucket, general.bucket_watch(bucket.winner or ""))
+            self.selection.saved()
+            return
+        finally:
+            self.building.release()
+
+    def _select(self, args: Sequence[Any], general: General) -> tuple[Bucket, Fn | None]:
+        """Compile, verify and time the fixed-shape candidates for this call's sizes against
+        the general path; the fastest serves the shape if it beats it by 1%."""
+        sel, inputs = self.selection, list(args)
+        winner, shape = general.winner, self.key.describe(args)
+        bucket = Bucket(shape=shape, state=LOST, winner=None, general=winner)
+        reference, _ = sel.reference(self.gm, inputs)
+        if reference.outputs is None or not reference.runnable:
+            bucket.reason = reference.unverified or "eager's reference could not run"
+            return bucket, None
+        special = specialize(self.gm)
+        attempts: list[Attempt] = []
+        fns: dict[str, Fn] = {}
+        for backend in sel.candidates(winner):
+            attempt, fn = sel.attempt(backend, special, inputs, reference)
+            attempts.append(attempt)
+            if fn is not None:
+                fns[backend.name] = fn
+        if not fns:
+            bucket.attempts = attempts
+            bucket.reason = "no fixed-shape candidate passed"
+            return bucket, None
+        path = f"general:{winner}"
+        fns[path] = general.fn
+        attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
+        attempts, timings = sel.speed.time(attempts, fns, self.gm, reference)
+        if path not in fns:
+            bucket.attempts = attempts
+            bucket.reason = "the general path failed while timed on this shape"
+            return bucket, None
+        base = timings[path]
+        bucket.general_ms = base.median_ms
+        passing = [a for a in attempts if a.backend in fns and a.backend != path]
+        best = min(passing, key=lambda a: a.latency_ms or float("inf"), default=None)
+        bar = EAGER_BIAS * base.median_ms
+        won = (
+            best is not None
+            and (best.latency_ms or float("inf")) <= bar
+            and sel.speed.below_floor(best.backend, timings) is None
+        )
+        keep = {path} | ({best.backend} if won and best is not None else set())
+        out = [
+            a
+            if a.backend in keep or a.status is not Status.WON
+            else dataclasses.replace(
+                a,
+                status=Status.SLOWER,
+                reason=f"{a.latency_ms:.3f} ms vs the general path's {base.median_ms:.3f} ms",
+            )
+            for a in attempts
+        ]
+        bucket.attempts = out
+        if not won or best is None:
+            bucket.reason = "no fixed-shape candidate beat the general path by 1%"
+            return bucket, None
+        bucket.state, bucket.winner = SERVING, best.backend
+        bucket.latency_ms = best.latency_ms
+        bucket.speedup = base.median_ms / best.latency_ms if best.latency_ms else None
+        return bucket, fns[best.backend]

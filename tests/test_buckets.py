@@ -1,0 +1,287 @@
+"""Per-shape buckets (chain.buckets): hot shapes of a graph with symbolic sizes served by a
+fixed-shape backend compiled for them, cold ones by the general (symbolic) winner.
+
+The backends registered here are real compilers (static inductor, eager with a sleep, eager
+that fails on demand), each declared with the registry's `dynamic` flag.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import fx, nn
+
+import chain
+from backends.errors import InvalidOption
+from backends.registry import registry
+from chain.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
+from chain.report import Report
+from tests.models import build_extra
+
+Fn = Callable[..., Any]
+
+
+@pytest.fixture
+def bert() -> nn.Module:
+    model, _ = build_extra("bert")
+    return model
+
+
+@pytest.fixture
+def backends() -> Iterator[dict[str, Any]]:
+    """Test backends, registered for the test only; `served[name]` counts calls per length
+    (the size of the last dim of the token ids, the graph's first tensor input of rank 2)."""
+    served: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    state: dict[str, Any] = {"served": served, "fail": False, "wrong": False, "compile_wait": None}
+
+    def counted(name: str, fn: Fn, sleep_s: float = 0.0) -> Fn:
+        def run(*args: Any) -> Any:
+            lengths = [a.shape[1] for a in args if isinstance(a, torch.Tensor) and a.dim() == 2]
+            served[name][lengths[0] if lengths else -1] += 1
+            if name == "flaky_fixed" and state["fail"]:
+                raise RuntimeError("device lost")
+            if sleep_s:
+                time.sleep(sleep_s)
+            out = fn(*args)
+            if name == "flaky_fixed" and state["wrong"]:  # right shape, wrong values
+                return [o + 1.0 if o.is_floating_point() else o for o in out]
+            return out
+
+        return run
+
+    with registry.snapshot():
+
+        @registry.register("static_inductor", dynamic=False)
+        def static_inductor(gm: fx.GraphModule, example_inputs: list[Any]) -> Fn:
+            """Inductor on a graph of fixed shapes."""
+            inductor = registry.lookup("inductor").compiler
+            return counted("static_inductor", inductor(gm, example_inputs))
+
+        @registry.register("sleepy_fixed", dynamic=False)
+        def sleepy_fixed(gm: fx.GraphModule, example_inputs: list[Any]) -> Fn:
+            """Eager plus 5 ms a call: a fixed-shape backend that always loses."""
+            return counted("sleepy_fixed", gm.forward, sleep_s=0.005)
+
+        @registry.register("sleepy_general")
+        def sleepy_general(gm: fx.GraphModule, example_inputs: list[Any]) -> Fn:
+            """Eager plus 3 ms a call: a slow general path any fixed-shape eager beats."""
+            return counted("sleepy_general", gm.forward, sleep_s=0.003)
+
+        @registry.register("flaky_fixed", dynamic=False)
+        def flaky_fixed(gm: fx.GraphModule, example_inputs: list[Any]) -> Fn:
+            """Eager, raising once `fail` is set; its compile waits on `compile_wait`."""
+            if (wait := state["compile_wait"]) is not None:
+                wait()
+            return counted("flaky_fixed", gm.forward)
+
+        yield state
+
+
+def run(model: nn.Module, compiled: Fn, length: int) -> None:
+    """One call at `length`, checked against eager."""
+    torch.manual_seed(length)
+    x = torch.randint(0, 100, (2, length))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).last_hidden_state, model(x).last_hidden_state)
+
+
+def stats(c: chain.Chain) -> BucketStats:
+    (graph,) = [g for g in c.report.graphs if g.buckets is not None]
+    assert graph.buckets is not None
+    return graph.buckets
+
+
+def by_shape(c: chain.Chain) -> dict[int, tuple[str, str | None, int]]:
+    """{length: (state, winner, calls served)}, read from the bucket's shape text."""
+    out = {}
+    for b in stats(c).buckets:
+        length = int(b.shape.split("=")[1].split(",")[0])
+        out[length] = (b.state, b.winner, b.calls)
+    return out
+
+
+def test_hot_lengths_are_served_by_static_inductor_cold_ones_by_the_general_path(
+    bert: nn.Module, backends: dict[str, Any]
+) -> None:
+    """3 hot lengths (6 calls each), 5 cold ones (2 calls each, below bucket_after=3): the
+    hot ones get a static inductor bucket after their 3rd call, the cold ones run the
+    general winner (static_inductor declines the symbolic graph). The general path is eager
+    slowed by 3 ms a call, so that static inductor's win does not hang on a close timing."""
+    c = chain.chain(
+        "static_inductor", "sleepy_general", bucket_after=3, eager_floor=False,
+        measure_budget_s=0.1,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    hot, cold = (16, 24, 32), (9, 11, 13, 19, 27)
+    run(bert, compiled, 8)  # graph 0: static, length 8 (static_inductor wins it)
+    for round_ in range(6):
+        for length in hot + (cold if round_ < 2 else ()):
+            run(bert, compiled, length)
+    assert [g.winner for g in c.report.graphs] == ["static_inductor", "sleepy_general"]
+    assert stats(c).candidates == ["static_inductor", "sleepy_general"]
+    assert by_shape(c) == {n: (SERVING, "static_inductor", 3) for n in hot}
+    served = backends["served"]["static_inductor"]
+    for length in cold:
+        assert served[length] == 0
+        assert backends["served"]["sleepy_general"][length] == 2  # the general path ran them
+    for length in hot:  # 3 served calls each, plus its verification and timing runs
+        assert served[length] > 3
+    for bucket in stats(c).buckets:
+        assert bucket.speedup is not None and bucket.general == "sleepy_general"
+        names = [a.backend for a in bucket.attempts]
+        assert names == ["static_inductor", "sleepy_general", "general:sleepy_general"]
+    table = c.report.render(width=200)
+    assert "buckets" in table and "static_inductor" in table
+
+
+def test_a_bucket_that_would_lose_is_not_used(bert: nn.Module, backends: dict[str, Any]) -> None:
+    c = chain.chain("sleepy_fixed", "eager", bucket_after=2, measure_budget_s=0.05)
+    compiled = torch.compile(bert, backend=c)
+    for length in (8, 12, 16, 16):
+        run(bert, compiled, length)
+    before = backends["served"]["sleepy_fixed"][16]
+    for _ in range(5):
+        run(bert, compiled, 16)
+    ((state, winner, calls),) = by_shape(c).values()
+    assert (state, winner, calls) == (LOST, None, 0)
+    (bucket,) = stats(c).buckets
+    assert bucket.reason == "no fixed-shape candidate beat the general path by 1%"
+    assert bucket.attempts[0].status is chain.Status.SLOWER
+    assert "vs the general path's" in bucket.attempts[0].reason
+    assert backends["served"]["sleepy_fixed"][16] == before  # never ran once lost
+
+
+def test_eviction_holds_the_bound_and_evicts_the_least_used(
+    bert: nn.Module, backends: dict[str, Any]
+) -> None:
+    """max_buckets=2: A is used most, B less; C, once called more often than B (2 calls
+    before its bucket, 3 served), replaces B; a new bucket is not evicted at once."""
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=2, max_buckets=2, eager_floor=False,
+        measure_budget_s=0.05,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    a, b, cc = 10, 12, 14
+    for length in [8, a, *[a] * 6, *[b] * 5, cc, cc]:
+        run(bert, compiled, length)
+    assert by_shape(c) == {a: (SERVING, "flaky_fixed", 5), b: (SERVING, "flaky_fixed", 3)}
+    for _ in range(2):  # C's 4th call: fewer than B's 5 uses
+        run(bert, compiled, cc)
+    assert cc not in by_shape(c)
+    for _ in range(2):  # C's 6th call: more
+        run(bert, compiled, cc)
+    states = by_shape(c)
+    assert states[b][0] == EVICTED and states[cc] == (SERVING, "flaky_fixed", 0)
+    assert len(stats(c).serving()) == 2
+    evicted = next(x for x in stats(c).buckets if x.state == EVICTED)
+    assert evicted.reason == "least used of 2 (max_buckets)"
+    general = backends["served"]["sleepy_general"]
+    run(bert, compiled, b)  # evicted: the general path again
+    assert general[b] >= 1 and backends["served"]["sleepy_general"][b] == general[b]
+
+
+def test_a_bucket_that_raises_at_run_time_is_demoted(
+    bert: nn.Module, backends: dict[str, Any], tmp_path: Any
+) -> None:
+    path = tmp_path / "run.json"
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=2, eager_floor=False,
+        measure_budget_s=0.05, report_path=path,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in (8, 12, 16, 16, 16):
+        run(bert, compiled, length)
+    tried = [str(a) for a in stats(c).buckets[0].attempts]
+    assert by_shape(c)[16] == (SERVING, "flaky_fixed", 1), tried
+    backends["fail"] = True
+    run(bert, compiled, 16)  # the bucket raises; the general path answers this call
+    run(bert, compiled, 16)
+    (bucket,) = stats(c).buckets
+    assert (bucket.state, bucket.reason) == (DEMOTED, "at run time: RuntimeError: device lost")
+    assert backends["served"]["flaky_fixed"][16] > 0
+    saved = Report.load(path).graphs[1].buckets
+    assert saved is not None and saved.buckets[0].state == DEMOTED
+    assert saved.to_dict() == stats(c).to_dict()
+
+
+def test_a_bucket_caught_wrong_at_run_time_is_demoted_and_the_call_is_right(
+    bert: nn.Module, backends: dict[str, Any]
+) -> None:
+    """A bucket's calls are watched as a winner's: re-verified against eager (every call at
+    reverify_rate=1), a wrong one is demoted and the general path answers that call."""
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=2, eager_floor=False,
+        measure_budget_s=0.05, reverify_rate=1.0,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in (8, 12, 16, 16, 16):
+        run(bert, compiled, length)
+    assert by_shape(c)[16] == (SERVING, "flaky_fixed", 1)
+    backends["wrong"] = True
+    general = backends["served"]["sleepy_general"][16]
+    run(bert, compiled, 16)  # checked against eager inside `run`: the answer is right
+    (bucket,) = stats(c).buckets
+    assert bucket.state == DEMOTED
+    assert bucket.reason.startswith("at run time: Demoted: at call 2: output 0: RMSE vs float64")
+    assert backends["served"]["sleepy_general"][16] == general + 1
+    run(bert, compiled, 16)  # the general path from now on
+    assert backends["served"]["sleepy_general"][16] == general + 2
+
+
+def test_calls_from_threads_take_the_general_path_while_a_bucket_is_built(
+    bert: nn.Module, backends: dict[str, Any]
+) -> None:
+    """The bucket's compile blocks until the other threads have made their calls: they ran
+    (the general path) and none raised."""
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=3, eager_floor=False,
+        measure_budget_s=0.05,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in (8, 12, 16, 16):
+        run(bert, compiled, length)
+    building, others_done = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        building.set()
+        assert others_done.wait(60), "the other threads did not finish while building"
+
+    backends["compile_wait"] = wait
+    errors: list[BaseException] = []
+
+    def call(length: int, times: int) -> None:
+        try:
+            for _ in range(times):
+                run(bert, compiled, length)
+        except BaseException as exc:
+            errors.append(exc)
+
+    builder = threading.Thread(target=call, args=(16, 1))  # 3rd call at 16: builds
+    builder.start()
+    assert building.wait(60)
+    others = [threading.Thread(target=call, args=(n, 4)) for n in (16, 16, 12, 20)]
+    for t in others:
+        t.start()
+    for t in others:
+        t.join(120)
+    others_done.set()
+    builder.join(120)
+    assert not errors
+    assert backends["served"]["sleepy_general"][16] >= 8  # the general path ran them
+    assert by_shape(c)[16][:2] == (SERVING, "flaky_fixed")
+
+
+def test_buckets_off_and_bad_options() -> None:
+    assert chain.chain("eager").bucket_after is None  # off unless asked for
+    c = chain.chain("eager", bucket_after=None)
+    assert c.bucket_after is None
+    with pytest.raises(InvalidOption, match="max_buckets"):
+        chain.chain("eager", max_buckets=0)
+    with pytest.raises(InvalidOption, match="bucket_after"):
+        chain.chain("eager", bucket_after=1.5)
