@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from torch import fx
 
+from backends.errors import one_line
 from backends.registry import Backend
 
 log = logging.getLogger("chain")
@@ -20,7 +21,8 @@ def graph_code(gm: fx.GraphModule) -> str | None:
     try:
         return NNModuleToString.convert(gm)
     except Exception as e:  # an internal writer: a failure costs the repro, not the run
-        log.warning("graph code not kept for repros: %s: %s", type(e).__name__, e)
+        # one line: the writer's message can hold the whole module's text
+        log.warning("graph code not kept for repros: %s", one_line(e))
         return None
 
 
