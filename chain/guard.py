@@ -133,13 +133,7 @@ class GuardedGraph:
         kept = watch.writes.keep(args) if watch.writes is not None else None
         versions = watch.versions(args)
         try:
-            if n >= watch.schedule.due:
-                out, reason = watch.reverify(n, args, kept, lambda: active.fn(*args))
-            else:
-                out = active.fn(*args)
-                reason, suspect = watch.check(n, args, out)
-                if reason is None and suspect and watch.can_reverify_after(kept):
-                    out, reason = watch.reverify(n, args, kept, lambda: out)
+            out, reason = _checked(active.fn, watch, n, args, kept)
         except Exception as exc:
             return self._recover(active, exc, args, kept)
         except SystemExit as exc:
@@ -160,13 +154,7 @@ class GuardedGraph:
             return fn(*args), 0, None
         n = watch.call_number()
         versions = watch.versions(args)
-        if n >= watch.schedule.due:
-            out, reason = watch.reverify(n, args, None, lambda: fn(*args))
-        else:
-            out = fn(*args)
-            reason, suspect = watch.check(n, args, out)
-            if reason is None and suspect:
-                out, reason = watch.reverify(n, args, None, lambda: out)
+        out, reason = _checked(fn, watch, n, args, None)
         if moved := watch.wrote(args, versions):
             assert self.buckets is not None
             self.buckets.demote(args, Demoted(n, f"wrote input(s) {moved}"))
@@ -219,3 +207,21 @@ class GuardedGraph:
         with _FALLBACK:
             if self.active is active:
                 self.chain.fall_back(self, exc, args)
+
+
+def _checked(
+    fn: Callable[..., Any],
+    watch: Watch,
+    n: int,
+    args: tuple[Any, ...],
+    kept: dict[int, Any] | None,
+) -> tuple[Any, str | None]:
+    """Call `n` of `fn` under `watch`: re-verified when the schedule says so or the cheap
+    checks find it suspect, else checked; (output, why it is wrong)."""
+    if n >= watch.schedule.due:
+        return watch.reverify(n, args, kept, lambda: fn(*args))
+    out = fn(*args)
+    reason, suspect = watch.check(n, args, out)
+    if reason is None and suspect and watch.can_reverify_after(kept):
+        return watch.reverify(n, args, kept, lambda: out)
+    return out, reason
