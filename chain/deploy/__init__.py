@@ -4,6 +4,8 @@
 `torch.export.save` saves the program; `chain.load(path)` loads it with checks (a whole
 file, no pickles, payloads bound to their nodes); plain `torch.export.load` works too in
 any process that imports `chain` (which registers the `backend_chain::run_payload` op).
+`chain.load(path).module()` is a `LeanModule`: the graph behind our own input check
+(`InputMismatch`), ~50 us a call less than torch's `module()`.
 A backend takes part through its export hooks (`backends.common.parts`); this package
 knows none by name.
 """
@@ -19,14 +21,19 @@ from backends.common.payload import (
 from backends.common.payload import TensorSpec as OutputSpec
 from chain.deploy.capture import CaptureError
 from chain.deploy.exporter import ExportError, ExportResult, export
+from chain.deploy.inputs import InputMismatch
 from chain.deploy.loader import load
 from chain.deploy.ops import cache_info, clear_cache, run_payload
+from chain.deploy.program import LeanModule, LoadedProgram
 
 __all__ = [
     "CaptureError",
     "ExportError",
     "ExportResult",
     "Header",
+    "InputMismatch",
+    "LeanModule",
+    "LoadedProgram",
     "OutputSpec",
     "PayloadError",
     "PayloadMismatch",

@@ -7,7 +7,8 @@ unpickle), and every class its inputs and outputs are made of must be registered
 pytree here (transformers output classes: import `transformers.modeling_outputs`). After:
 every payload is unpacked, hash-checked, checked against the digest its node was built
 with, and (CPU payloads) its runner built, so a swapped or damaged payload fails at load, not at the
-first call. Every failure is a `PayloadError` with one line.
+first call. Every failure is a `PayloadError` with one line. The program returned is a
+`LoadedProgram`: its `module()` runs the graph behind a cheap input check of our own.
 """
 
 from __future__ import annotations
@@ -34,16 +35,18 @@ from backends.common.payload import (
     verify_body,
 )
 from chain.deploy import ops
+from chain.deploy.program import LoadedProgram, as_loaded
 
 _PICKLED_PREFIXES = ("custom_obj", "opaque_obj")  # torch.export.load unpickles these
 _CONFIGS = ("model_weights_config.json", "model_constants_config.json")
 
 
-def load(path: str | PathLike[str]) -> torch.export.ExportedProgram:
+def load(path: str | PathLike[str]) -> LoadedProgram:
     """Load a program saved by `torch.export.save(chain.export(...).program, path)`, checked.
 
     Raises `PayloadError` (one line) for a file that is damaged, not a program, holds
     pickled objects, or whose payloads are not the ones it was built with (`PayloadMismatch`).
+    Its `module()` is the lean callable (`chain.deploy.program`), `module(lean=False)` torch's.
     """
     name = str(path)
     _check_archive(name)
@@ -53,7 +56,7 @@ def load(path: str | PathLike[str]) -> torch.export.ExportedProgram:
         first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
         raise PayloadError(f"{name}: torch.export.load failed: {first[:200]}") from error
     _check_payloads(name, program)
-    return program
+    return as_loaded(program)
 
 
 def _check_archive(name: str) -> None:
