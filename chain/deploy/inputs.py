@@ -13,14 +13,14 @@ an `InputMismatch` of one line naming the input.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
-from torch.fx import _pytree as fx_pytree
 from torch.export.exported_program import ExportedProgram, InputKind
+from torch.fx import _pytree as fx_pytree
 from torch.fx.experimental.proxy_tensor import _pytree_subclasses_that_lose_info
 from torch.utils import _pytree as pytree
 
@@ -66,11 +66,11 @@ def _same_structure(a: pytree.TreeSpec, b: pytree.TreeSpec) -> bool:
         if set(a.context) != set(b.context):
             return False
         order = {k: i for i, k in enumerate(b.context)}
-        pairs = [(ca, b.child(order[k])) for k, ca in zip(a.context, a.children())]
+        pairs = [(ca, b.child(order[k])) for k, ca in zip(a.context, a.children(), strict=True)]
     elif a.context != b.context or a.num_children != b.num_children:
         return False
     else:
-        pairs = list(zip(a.children(), b.children()))
+        pairs = list(zip(a.children(), b.children(), strict=True))
     return all(_same_structure(x, y) for x, y in pairs)
 
 
@@ -176,6 +176,33 @@ def _dims(
     return tuple(dims), tuple(spans)
 
 
+def _dummy(spec: pytree.TreeSpec) -> Any:
+    """A value of structure `spec` (zeros at the leaves): for the leaves' key paths."""
+    return pytree.tree_unflatten([0] * spec.num_leaves, spec)
+
+
+def _guards(codes: Sequence[str], paths: list[tuple[Any, ...]]) -> Callable[..., None] | None:
+    """The program's guards beyond each input's sizes (relations between sizes, checks the
+    model made), compiled into one function of the flat inputs the way torch's `module()`
+    compiles them; None when there are none (a program exported with static shapes)."""
+    if not codes:
+        return None
+    from torch.export import _unlift  # torch's own translation of its guard code
+
+    codes = _unlift._force_ep_signature_match(list(codes), paths)
+    named = [pytree.keystr(p) for p in paths]
+    left = [c for c in codes if "L[" in _strip(c, named)]
+    if left:
+        raise Unsupported(f"a guard on something other than the inputs ({left[0]})")
+    return _unlift._convert_guards_code_to_fn(codes, paths).forward
+
+
+def _strip(code: str, named: list[str]) -> str:
+    for name in sorted(named, key=len, reverse=True):
+        code = code.replace(f"L{name}", "")
+    return code
+
+
 class InputCheck:
     """Binds a call's arguments to the program's flat inputs, checking each (see module doc)."""
 
@@ -193,14 +220,16 @@ class InputCheck:
         if len(self.names) != len(tops):
             raise Unsupported("argument names that do not match the input spec")
         self.specs: tuple[pytree.TreeSpec, ...] = tuple(tops)
-        self.flat_names = [
-            name + pytree.keystr(path)
+        # each flat input's key path from the arguments by name, as torch's guards name it
+        self.paths: list[tuple[Any, ...]] = [
+            (pytree.MappingKey(name), *path)
             for name, top in zip(self.names, tops, strict=True)
-            for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten([0] * top.num_leaves, top))[0]
-        ]  # fmt: skip
-        user = [
-            s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT
+            for path, _ in pytree.tree_leaves_with_path(_dummy(top))
         ]
+        self.flat_names = [path[0].key + pytree.keystr(path[1:]) for path in self.paths]
+        self.guards = _guards(program._guards_code, self.paths)
+        specs = program.graph_signature.input_specs
+        user = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
         placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
         if len(user) != len(self.flat_names):
             raise Unsupported("a different number of flat inputs and user inputs")
@@ -218,7 +247,8 @@ class InputCheck:
                 raise Unsupported(f"an input of type {type(example).__name__} ({name})")
         self.leaves: tuple[Leaf, ...] = tuple(leaves)
         self.flat_tops = all(s.is_leaf() for s in tops)  # every argument is one leaf
-        self.symbolic = any(leaf.static is None for leaf in leaves if leaf.is_tensor)
+        symbolic = any(leaf.static is None for leaf in leaves if leaf.is_tensor)
+        self.symbolic = symbolic or self.guards is not None  # the full check, per leaf
         # per leaf, what the fast test compares: (dtype, device, sizes) or None (full check)
         self.fast: tuple[tuple[Any, Any, torch.Size] | None, ...] = tuple(
             (leaf.example.dtype, leaf.example.device, leaf.static)
@@ -236,10 +266,15 @@ class InputCheck:
             raise InputMismatch(f"expected {len(self.fast)} flat inputs, got {len(flat)}")
         if self.symbolic:
             bound: dict[sympy.Symbol, int] = {}
-            for value, leaf in zip(flat, self.leaves):
+            for value, leaf in zip(flat, self.leaves, strict=True):
                 leaf.check(value, bound)
+            if self.guards is not None:
+                try:
+                    self.guards(*flat)
+                except AssertionError as error:  # torch._assert's way of saying "no"
+                    raise InputMismatch(str(error).splitlines()[0]) from None
             return flat
-        for value, fast, leaf in zip(flat, self.fast, self.leaves):
+        for value, fast, leaf in zip(flat, self.fast, self.leaves, strict=True):
             if (
                 fast is None
                 or type(value) is not _Tensor

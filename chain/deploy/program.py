@@ -7,7 +7,7 @@ input-structure pre-hook (pytree flatten with paths, spec comparison), `_guards_
 code. `LeanModule` runs the program's own lifted graph (`program.graph_module`) with the
 parameters, buffers and constants passed in, behind `InputCheck` (`inputs.py`: the same
 facts, read once at load). A program it cannot cover exactly (buffer mutations, effect
-tokens, custom objects, sizes given by expressions, extra guards) gets torch's module,
+tokens, custom objects, sizes given by expressions) gets torch's module,
 with a warning saying why.
 """
 
@@ -78,8 +78,6 @@ class LeanModule(torch.nn.Module):
             raise Unsupported("lifted inputs after user inputs")
         if any(s.kind != OutputKind.USER_OUTPUT for s in signature.output_specs):
             raise Unsupported("outputs that mutate buffers or inputs")
-        if program._guards_code:
-            raise Unsupported(f"{len(program._guards_code)} guards beyond the input sizes")
         if any(isinstance(x, torch.nn.Module) for x in pytree.tree_leaves(program.example_inputs)):
             raise Unsupported("a module among the inputs")
         signature_names = program.module_call_graph[0].signature
