@@ -10,10 +10,12 @@ latency of:
 - `session`: a bare `sess.run` on the payload's own ONNX model (the graph's part);
 - `runner`: the payload's runner (`chain.deploy.ops.runner_for`): I/O binding;
 - `op`: `torch.ops.backend_chain.run_payload` on the payload: op dispatch;
-- `forward`: the loaded program's `module().forward(*args)`: its graph code (pytree
-  flatten, torch's `_guards_fn` shape checks, the op, unflatten), without nn.Module hooks;
-- `program`: the loaded program's `module()(*args)`: the program call (adds torch's
-  input-structure pre-hook).
+- `program`: the loaded program's `module()(*args)`: the program call (`LeanModule`: our
+  input check, the lifted graph's code, the outputs' structure);
+- `old_forward`: torch's `module(lean=False).forward(*args)`: torch's unlifted graph code
+  (pytree flatten, `_guards_fn` shape checks, the op, unflatten), without nn.Module hooks;
+- `old`: torch's `module(lean=False)(*args)`: the previous program call (adds torch's
+  input-structure pre-hook), timed in the same rounds for comparison.
 
 All sessions (direct, session, and the one `chain.load` built) use the same options
 (`backends.common.ort_session.session_options()`); the script checks them (threads,
@@ -22,8 +24,8 @@ variants in rotated order after a warm-up, each round one untimed call per varia
 table gives medians over rounds and `paired`, the median over rounds of program/direct
 timed in the same round (steadier when other processes' load drifts). Attribution, per
 model (ms per call): session = session - direct, I/O binding = runner - session, op
-dispatch = op - runner, program call = program - op (of which torch's input check hook =
-program - forward).
+dispatch = op - runner, program call = program - op; and what the old path cost over ours
+(old - program, of which torch's input check hook = old - old_forward).
 
     python benchmarks/export_overhead.py [--models distilbert convnext swin tiny]
         [--rounds 30] [--calls 5]
@@ -49,13 +51,14 @@ import chain
 from backends.common.ort_session import session_options
 from backends.common.payload import tensor_bytes, unpack
 from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session
-from chain.deploy import ops
+from chain.deploy import LeanModule, ops
 
 OP = torch.ops.backend_chain.run_payload.default
-KEYS = ("direct", "session", "runner", "op", "forward", "program")
+KEYS = ("direct", "session", "runner", "op", "program", "old_forward", "old")
 STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
          ("op dispatch", "op", "runner"), ("program call", "program", "op"),
-         ("(torch's input check hook)", "program", "forward"))  # fmt: skip
+         ("| old path over ours", "old", "program"),
+         ("(torch's input check hook)", "old", "old_forward"))  # fmt: skip
 MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
 
 
@@ -84,6 +87,9 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
         torch.export.save(result.program, Path(folder) / "program.pt2")
         program = chain.load(Path(folder) / "program.pt2")
     module = program.module()
+    if not isinstance(module, LeanModule):
+        raise RuntimeError(f"chain.load gave {type(module).__name__}, not the lean call")
+    old = program.module(lean=False)
     direct = ort_session(direct_model(model, args), session_options(), device)
     runs: dict[str, Callable] = {"direct": bare_run(direct, device)}
     calls = [n for n in program.graph.nodes if n.target is OP]
@@ -115,8 +121,9 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
         runs["op"] = lambda *xs: OP(pick(xs), payload, outputs)
     else:
         print(f"  ({len(calls)} payload calls: session/runner/op variants left out)")
-    runs["forward"] = module.forward
     runs["program"] = module
+    runs["old_forward"] = old.forward
+    runs["old"] = old
     return runs
 
 
@@ -174,24 +181,29 @@ def main() -> None:
         f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, interleaved, one process; "
         f"torch threads {torch.get_num_threads()}"
     )
-    head = "".join(f"{k:>10}" for k in KEYS)
-    print(f"{'model':12}{head}{'program/direct':>16}{'paired':>8}")
+    head = "".join(f"{k:>12}" for k in KEYS)
+    print(f"{'model':12}{head}{'program/direct':>16}{'paired':>8}{'old/direct':>12}{'paired':>8}")
     for name, med, times in rows:
-        cells = "".join(f"{med[k]:10.3f}" if k in med else f"{'-':>10}" for k in KEYS)
-        ratio = med["program"] / med["direct"]
-        print(f"{name:12}{cells}{ratio:16.3f}{paired(times, 'program', 'direct'):8.3f}")
+        cells = "".join(f"{med[k]:12.3f}" if k in med else f"{'-':>12}" for k in KEYS)
+        ratios = "".join(
+            f"{med[k] / med['direct']:{w}.3f}{paired(times, k, 'direct'):8.3f}"
+            for k, w in (("program", 16), ("old", 12))
+        )
+        print(f"{name:12}{cells}{ratios}")
     main = [(n, med, times) for n, med, times in rows if n in MAIN]
     names = ", ".join(n for n, _, _ in main)
-    print(
-        f"geomean program/direct ({names}): "
-        f"{geomean([med['program'] / med['direct'] for _, med, _ in main]):.3f} (ratio of "
-        f"medians), {geomean([paired(t, 'program', 'direct') for _, _, t in main]):.3f} "
-        "(median of per-round ratios)"
-    )
+    for key in ("program", "old"):
+        print(
+            f"geomean {key}/direct ({names}): "
+            f"{geomean([med[key] / med['direct'] for _, med, _ in main]):.3f} (ratio of "
+            f"medians), {geomean([paired(t, key, 'direct') for _, _, t in main]):.3f} "
+            "(median of per-round ratios)"
+        )
     for name, med, _ in rows:
         if name == "tiny":
             print(f"fixed per-call cost (tiny, program - direct): "
-                  f"{med['program'] - med['direct']:.3f} ms")  # fmt: skip
+                  f"{med['program'] - med['direct']:.3f} ms (old path: "
+                  f"{med['old'] - med['direct']:.3f} ms)")  # fmt: skip
     print("attribution (ms per call):")
     for name, med, _ in rows:
         parts = [f"{label} {med[a] - med[b]:+.3f}" for label, a, b in STEPS if a in med]
