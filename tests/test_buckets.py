@@ -285,3 +285,100 @@ def test_buckets_off_and_bad_options() -> None:
         chain.chain("eager", max_buckets=0)
     with pytest.raises(InvalidOption, match="bucket_after"):
         chain.chain("eager", bucket_after=1.5)
+
+
+# -- buckets in the remembered-decision store (chain.memory) ----------------------------
+
+_PROCESS = """
+import json, sys, time
+import torch
+import chain, chain.core as core
+from backends.registry import registry
+from tests.models import build_extra
+
+compiled = []
+real = core.try_backend
+def counting(backend, *args, **kwargs):
+    compiled.append(backend.name)
+    return real(backend, *args, **kwargs)
+core.try_backend = counting
+
+@registry.register("static_inductor", dynamic=False)
+def static_inductor(gm, example_inputs):
+    return registry.lookup("inductor").compiler(gm, example_inputs)
+
+@registry.register("sleepy_general")
+def sleepy_general(gm, example_inputs):
+    def run(*args):
+        time.sleep(0.003)
+        return gm.forward(*args)
+    return run
+
+model, _ = build_extra("bert")
+c = chain.chain("static_inductor", "sleepy_general", bucket_after=2, eager_floor=False,
+                measure_budget_s=0.05, memory=True, store=sys.argv[2])
+fast = torch.compile(model, backend=c)
+with torch.no_grad():
+    for length in [8] + [16, 24, 32] * 3:
+        torch.manual_seed(length)
+        x = torch.randint(0, 100, (2, length))
+        torch.testing.assert_close(fast(x).last_hidden_state, model(x).last_hidden_state)
+c.report.save(sys.argv[1])  # the calls served since the last build
+print(json.dumps(compiled))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path: Any) -> None:
+    """Process 1 counts each length to bucket_after=2 and tries both candidates per shape;
+    process 2, on the same store, compiles the remembered winner (static inductor) alone at
+    each length's first call and keeps the decision's figures: 3 compiles instead of 6."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def process(name: str) -> tuple[Report, list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_PROCESS), str(tmp_path / name),
+             str(tmp_path / "store")],
+            env=env, capture_output=True, text=True, timeout=600, cwd=root,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return Report.load(tmp_path / name), json.loads(done.stdout.strip().splitlines()[-1])
+
+    def shapes(report: Report) -> dict[str, Any]:
+        (graph,) = [g for g in report.graphs if g.buckets is not None]
+        assert graph.buckets is not None
+        return {b.shape.split(",")[0].split("=")[1]: b for b in graph.buckets.buckets}
+
+    cold, cold_compiled = process("cold.json")
+    cold_buckets = shapes(cold)
+    assert sorted(cold_buckets) == ["16", "24", "32"], list(cold_buckets)
+    for b in cold_buckets.values():
+        assert (b.state, b.winner, b.calls, b.remembered) == (SERVING, "static_inductor", 1, None)
+    assert cold.graphs[1].buckets.compiles() == 6  # type: ignore[union-attr]
+    assert cold_compiled.count("static_inductor") == 2 + 3  # graph 0, graph 1 (declined), 3 buckets
+
+    warm, warm_compiled = process("warm.json")
+    assert warm_compiled == ["static_inductor", "sleepy_general", *["static_inductor"] * 3]
+    warm_buckets = shapes(warm)
+    assert sorted(warm_buckets) == sorted(cold_buckets)
+    for shape, b in warm_buckets.items():
+        before = cold_buckets[shape]
+        assert (b.state, b.winner, b.calls) == (SERVING, "static_inductor", 2)  # from call 2
+        assert b.remembered is not None and b.remembered["decided_at"]
+        assert (b.speedup, b.latency_ms) == (before.speedup, before.latency_ms)
+        (attempt,) = b.attempts  # compiled and verified now, not timed
+        assert attempt.status is chain.Status.WON and attempt.max_abs_err is not None
+        assert attempt.details["remembered"]["compiled"] is True
+    graph = warm.graphs[1]
+    assert graph.buckets is not None and graph.buckets.compiles() == 3
+    assert "memory: 3 remembered bucket(s), built on first sight" in graph.notes
+    table = warm.render(width=240)
+    assert "remembered" in table

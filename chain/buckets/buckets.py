@@ -21,8 +21,9 @@ from torch import fx
 from backends.errors import one_line
 from backends.registry import Backend
 from chain.attempt import Reference
+from chain.buckets.remembered import Remembered, entry
 from chain.buckets.shapes import Key, ShapeKey, specialize
-from chain.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, Bucket, BucketStats
+from chain.buckets.stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
 from chain.records import Attempt, Status
 from chain.speed import EAGER_BIAS, SpeedRules
 from chain.watch import Watch
@@ -59,6 +60,8 @@ class Selection:
     speed: SpeedRules
     strict: bool
     saved: Callable[[], None]
+    # stores the graph's bucket decisions with its remembered decision (chain.memory)
+    kept: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 class Buckets:
@@ -70,7 +73,12 @@ class Buckets:
     """
 
     def __init__(
-        self, gm: fx.GraphModule, key: ShapeKey, stats: BucketStats, selection: Selection
+        self,
+        gm: fx.GraphModule,
+        key: ShapeKey,
+        stats: BucketStats,
+        selection: Selection,
+        remembered: dict[Key, Remembered] | None = None,
     ) -> None:
         self.gm = gm
         self.key = key
@@ -81,6 +89,9 @@ class Buckets:
         self.seen: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
         self.building = threading.Lock()
+        # decided in an earlier process: built on a shape's first sight (chain.memory)
+        self.remembered = dict(remembered or {})
+        self.kept = {k: r.entry for k, r in self.remembered.items()}  # what the store holds
 
     def pick(self, args: Sequence[Any], general: General) -> tuple[Fn, Watch | None] | None:
         """The bucket's callable and its run-time checks for this call's shape, or None for
@@ -94,7 +105,12 @@ class Buckets:
         if n == 1 and len(self.seen) >= MAX_SEEN:
             self.seen.clear()
         self.seen[key] = n
-        if n % self.after or key in self.done:
+        if key in self.done:
+            return None
+        if key in self.remembered and (n == 1 or n % self.after == 0):
+            self._build(key, n, args, general)
+            return None  # as for a bucket built here: this call takes the general path
+        if n % self.after:
             return None
         self._build(key, n, args, general)
         return None  # the call that built it takes the general path
@@ -110,6 +126,8 @@ class Buckets:
             self.done.add(key)
             log.warning("bucket %s (%s) failed at run time (%s); the general path serves it",
                         bucket.shape, bucket.winner, one_line(exc))  # fmt: skip
+            if self.kept.pop(key, None) is not None:
+                self._keep()
             self.selection.saved()
         if self.selection.strict:
             raise exc
@@ -127,7 +145,12 @@ class Buckets:
             full = len(self.served) >= self.stats.max_buckets
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
-            bucket, fn = self._select(args, general)
+            bucket, fn = self._recalled(key, args, general)
+            if bucket is None:
+                bucket, fn = self._select(args, general)
+                if (stored := entry(bucket, key, self.key)) is not None:
+                    self.kept[key] = stored
+                    self._keep()
             bucket.before = n
             self.stats.buckets.append(bucket)
             if fn is None:
@@ -144,6 +167,44 @@ class Buckets:
             return
         finally:
             self.building.release()
+
+    def _keep(self) -> None:
+        """Hand the bucket decisions to the decision store, if it is on."""
+        if self.selection.kept is not None:
+            self.selection.kept(list(self.kept.values()))
+
+    def _recalled(
+        self, key: Key, args: Sequence[Any], general: General
+    ) -> tuple[Bucket | None, Fn | None]:
+        """A remembered bucket built alone: its winner compiled and verified against eager
+        now, the decision's figures kept. (None, None) when none is remembered for the
+        shape, or its winner cannot be built now (logged; the shape is then selected anew)."""
+        rem = self.remembered.pop(key, None)
+        if rem is None:
+            return None, None
+        shape = self.key.describe(args)
+        bucket = rem.bucket(shape)
+        if rem.state != SERVING:
+            return bucket, None  # the general path kept this shape: nothing to build
+        sel, inputs = self.selection, list(args)
+        backend = next((b for b in sel.candidates(general.winner) if b.name == rem.winner), None)
+        reference, _ = sel.reference(self.gm, inputs)
+        if backend is None or reference.outputs is None or not reference.runnable:
+            why = "not a candidate now" if backend is None else "eager's reference could not run"
+            log.warning("remembered bucket %s (%s) not built: %s", shape, rem.winner, why)
+            self.kept.pop(key, None)
+            return None, None
+        attempt, fn = sel.attempt(backend, specialize(self.gm), inputs, reference)
+        where = {**rem.where(), "compiled": True}
+        bucket.attempts = [
+            dataclasses.replace(attempt, details={**attempt.details, "remembered": where})
+        ]
+        if fn is None:
+            log.warning("remembered bucket %s: %s failed now (%s: %s); selected anew",
+                        shape, rem.winner, attempt.status, attempt.reason)  # fmt: skip
+            self.kept.pop(key, None)
+            return None, None
+        return bucket, fn
 
     def _select(self, args: Sequence[Any], general: General) -> tuple[Bucket, Fn | None]:
         """Compile, verify and time the fixed-shape candidates for this call's sizes against
@@ -167,7 +228,7 @@ class Buckets:
             bucket.attempts = attempts
             bucket.reason = "no fixed-shape candidate passed"
             return bucket, None
-        path = f"general:{winner}"
+        path = f"{GENERAL}{winner}"
         fns[path] = general.fn
         attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
         attempts, timings = sel.speed.time(attempts, fns, self.gm, reference)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chain.records import Attempt
+from chain.records import Attempt, Status
 
 # an entry's state: serving its shape, lost to the general path, evicted, or demoted
 SERVING, LOST, EVICTED, DEMOTED = "serving", "lost", "evicted", "demoted"
+GENERAL = "general:"  # the prefix of the general path's attempt in a bucket's attempts
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Bucket:
     speedup: float | None = None  # general path latency / the bucket's, on this shape
     reason: str = ""  # why it lost, was evicted or demoted
     attempts: list[Attempt] = field(default_factory=list)
+    # decided in an earlier process (chain.memory): {decided_at, host, pid}; None: here
+    remembered: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "attempts"}
@@ -38,7 +41,7 @@ class Bucket:
         if not isinstance(data, dict):
             raise TypeError(f"a bucket should be an object, got {type(data).__name__}")
         kw = {k: data[k] for k in ("shape", "state", "winner", "general") if k in data}
-        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "reason"):
+        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "reason", "remembered"):
             if k in data:
                 kw[k] = data[k]
         kw["attempts"] = [Attempt.from_dict(a) for a in data.get("attempts", [])]
@@ -49,6 +52,8 @@ class Bucket:
         text = f"{self.shape}: {self.state}, {who}, {self.calls} call(s)"
         if self.speedup is not None:
             text += f", {self.speedup:.2f}x over the general path"
+        if self.remembered is not None:
+            text += f", remembered from {self.remembered.get('decided_at', '?')}"
         return f"{text}: {self.reason}" if self.reason else text
 
 
@@ -81,6 +86,18 @@ class BucketStats:
             max_buckets=int(data["max_buckets"]),
             candidates=[str(c) for c in data.get("candidates", [])],
             buckets=[Bucket.from_dict(b) for b in data.get("buckets", [])],
+        )
+
+    def compiles(self) -> int:
+        """How many compiles the buckets cost in this process: the fixed-shape candidates
+        tried (a remembered bucket: its winner alone), unavailable ones and the general
+        path's timing entry excepted."""
+        skipped = (Status.UNAVAILABLE, Status.NOT_TRIED)
+        return sum(
+            1
+            for b in self.buckets
+            for a in b.attempts
+            if a.status not in skipped and not a.backend.startswith(GENERAL)
         )
 
     def serving(self) -> list[Bucket]:
