@@ -382,3 +382,47 @@ def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path:
     assert "memory: 3 remembered bucket(s), built on first sight" in graph.notes
     table = warm.render(width=240)
     assert "remembered" in table
+
+
+def _bucketed_report() -> Report:
+    """A report with one graph and two buckets: one decided here, one remembered."""
+    from chain.buckets.stats import Bucket
+    from chain.records import Attempt, GraphRecord
+
+    won = Attempt("static_inductor", chain.Status.WON, "", latency_ms=0.5)
+    here = Bucket("s0=16, l_x_ (2, 16)", SERVING, "static_inductor", "inductor", calls=7,
+                  latency_ms=0.5, general_ms=1.0, speedup=2.0, attempts=[won])  # fmt: skip
+    old = Bucket("s0=24, l_x_ (2, 24)", SERVING, "static_inductor", "inductor", calls=3,
+                 speedup=1.25, remembered={"decided_at": "2025-01-02T03:04:05+00:00",
+                 "host": "h", "pid": 1})  # fmt: skip
+    lost = Bucket("s0=32, l_x_ (2, 32)", LOST, None, "inductor", reason="<b>no</b> win")
+    stats = BucketStats(2, 8, ["static_inductor"], [here, old, lost])
+    graph = GraphRecord(0, "f", "model.forward", 10, {}, [], (won,), "inductor", buckets=stats)
+    report = Report()
+    report.graphs.append(graph)
+    return report
+
+
+def test_the_report_shows_each_bucket_in_the_table_markdown_json_and_html(tmp_path: Any) -> None:
+    report = _bucketed_report()
+    rows = report.bucket_rows()
+    assert rows == [
+        ["0", "s0=16, l_x_ (2, 16)", "serving", "static_inductor", "7", "2.00x", "here", ""],
+        ["0", "s0=24, l_x_ (2, 24)", "serving", "static_inductor", "3", "1.25x",
+         "remembered 2025-01-02T03:04:05+00:00", ""],
+        ["0", "s0=32, l_x_ (2, 32)", "lost", "general:inductor", "0", "-", "here", "<b>no</b> win"],
+    ]  # fmt: skip
+    table = report.render(width=240)
+    assert "remembered 2025-01-02T03:04:05+00:00" in table and "2.00x" in table
+    md = report.to_markdown()
+    assert "| 0 | s0=16, l_x_ (2, 16) | serving | static_inductor | 7 | 2.00x | here |  |" in md
+    loaded = Report.load(report.save(tmp_path / "r.json"))
+    stats = loaded.graphs[0].buckets
+    assert stats is not None and stats.to_dict() == report.graphs[0].buckets.to_dict()  # type: ignore[union-attr]
+    assert stats.buckets[1].remembered == {
+        "decided_at": "2025-01-02T03:04:05+00:00", "host": "h", "pid": 1,
+    }  # fmt: skip
+    page = report.save_html(tmp_path / "r.html").read_text()
+    assert 'id="buckets-0"' in page
+    assert "<td>s0=24, l_x_ (2, 24)</td>" in page and "remembered 2025-01-02T03:04:05" in page
+    assert "&lt;b&gt;no&lt;/b&gt; win" in page and "<b>no</b> win" not in page
