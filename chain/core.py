@@ -75,6 +75,7 @@ class Chain:
         store: str | os.PathLike[str] | None = None,
         bucket_after: int | None = None,
         max_buckets: int = 8,
+        max_bucket_mb: float | None = None,
         max_artefact_mb: float | None = None,
     ) -> None:
         if not backends:
@@ -106,6 +107,7 @@ class Chain:
         self.reverify_rate = reverify_rate
         self.bucket_after = bucket_after
         self.max_buckets = max_buckets
+        self.max_bucket_mb = max_bucket_mb
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report_file = ReportFile(self.report_path) if self.report_path else None
@@ -221,7 +223,8 @@ class Chain:
         candidates = self._bucket_candidates(winner)
         if not candidates:
             return None
-        stats = BucketStats(self.bucket_after, self.max_buckets, [b.name for b in candidates])
+        names = [b.name for b in candidates]
+        stats = BucketStats(self.bucket_after, self.max_buckets, names, [], self.max_bucket_mb)
         record = self.report.graphs[graph_id]
         remembered, notes = {}, []
         if hit and recall is not None and recall.decision is not None:

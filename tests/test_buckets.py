@@ -426,3 +426,53 @@ def test_the_report_shows_each_bucket_in_the_table_markdown_json_and_html(tmp_pa
     assert 'id="buckets-0"' in page
     assert "<td>s0=24, l_x_ (2, 24)</td>" in page and "remembered 2025-01-02T03:04:05" in page
     assert "&lt;b&gt;no&lt;/b&gt; win" in page and "<b>no</b> win" not in page
+
+
+def test_max_bucket_mb_evicts_to_stay_under_the_bound(
+    bert: nn.Module, backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bucket's artefact measured at 3 MiB (the measure is CUDA's allocator; on CPU it
+    is set here): max_bucket_mb=7 holds two, a third evicts the least used, and a bucket
+    larger than the bound alone is not served."""
+    import chain.buckets.footprint as footprint
+
+    sizes = {"mb": 3.0}
+    monkeypatch.setattr(footprint, "measured", lambda inputs, build: (build(), sizes["mb"]))
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=2, eager_floor=False,
+        measure_budget_s=0.05, max_bucket_mb=7,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in [8, *[10] * 5, *[12] * 3, *[14] * 4]:
+        run(bert, compiled, length)
+    states = by_shape(c)
+    assert states[10][0] == SERVING and states[14][0] == SERVING and states[12][0] == EVICTED
+    evicted = next(b for b in stats(c).buckets if b.state == EVICTED)
+    assert evicted.reason == "least used; 9.0 MiB over max_bucket_mb 7"
+    assert [b.mb for b in stats(c).buckets] == [3.0, 3.0, 3.0]
+    sizes["mb"] = 8.0
+    for _ in range(6):  # built at its 6th call: more than the 4 uses of the least used
+        run(bert, compiled, 16)
+    big = by_shape(c)[16]
+    assert big[:2] == (LOST, None)
+    (bucket,) = [b for b in stats(c).buckets if b.shape.split(",")[0].endswith("=16")]
+    assert bucket.reason == "its artefact, 8.0 MiB, exceeds max_bucket_mb 7"
+    with pytest.raises(InvalidOption, match="max_bucket_mb"):
+        chain.chain("eager", max_bucket_mb=-1)
+
+
+@pytest.mark.cuda
+def test_a_cuda_graphs_bucket_measures_its_pool() -> None:
+    """A CUDA graph capture allocates its pool: the measure around the build sees it."""
+    from chain.buckets.footprint import measured
+
+    x = torch.randn(256, 1024, device="cuda")
+
+    def build() -> Any:
+        graph, static = torch.cuda.CUDAGraph(), x.clone()
+        with torch.cuda.graph(graph):
+            out = static @ static.T
+        return graph, out
+
+    (_, out), mb = measured([x], build)
+    assert mb is not None and mb >= out.numel() * 4 / 2**20

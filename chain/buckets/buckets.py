@@ -21,6 +21,7 @@ from torch import fx
 from backends.errors import one_line
 from backends.registry import Backend
 from chain.attempt import Reference
+from chain.buckets import footprint
 from chain.buckets.remembered import Remembered, entry
 from chain.buckets.shapes import Key, ShapeKey, specialize
 from chain.buckets.stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
@@ -143,6 +144,12 @@ class Buckets:
             uses = {k: b.before + b.calls for k, (_, b, _) in self.served.items()}
             victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
             full = len(self.served) >= self.stats.max_buckets
+            bound = self.stats.max_bucket_mb
+            if bound is not None and self.served:  # a new one as large as the largest
+                full = (
+                    full
+                    or self._mb() + max(b.mb or 0.0 for _, b, _ in self.served.values()) > bound
+                )
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
             bucket, fn = self._recalled(key, args, general)
@@ -153,20 +160,38 @@ class Buckets:
                     self._keep()
             bucket.before = n
             self.stats.buckets.append(bucket)
+            if fn is not None and bound is not None and (bucket.mb or 0.0) > bound:
+                bucket.state, bucket.winner = LOST, None
+                bucket.reason = (
+                    f"its artefact, {bucket.mb:.1f} MiB, exceeds max_bucket_mb {bound:g}"
+                )
+                fn = None
             if fn is None:
                 self.done.add(key)
             else:
-                if full and victim is not None:
-                    del self.served[victim[0]]
-                    self.seen.pop(victim[0], None)
-                    old = victim[1][1]
-                    old.state = EVICTED
-                    old.reason = f"least used of {self.stats.max_buckets} (max_buckets)"
+                if len(self.served) >= self.stats.max_buckets and victim is not None:
+                    self._evict(victim[0], f"least used of {self.stats.max_buckets} (max_buckets)")
                 self.served[key] = (fn, bucket, general.bucket_watch(bucket.winner or ""))
+                while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
+                    others = [k for k in self.served if k != key]
+                    least = min(
+                        others, key=lambda k: self.served[k][1].before + self.served[k][1].calls
+                    )
+                    self._evict(least, f"least used; {total:.1f} MiB over max_bucket_mb {bound:g}")
             self.selection.saved()
             return
         finally:
             self.building.release()
+
+    def _mb(self) -> float:
+        """The measured memory of the serving buckets (MiB; unmeasured ones count 0)."""
+        return sum(b.mb or 0.0 for _, b, _ in self.served.values())
+
+    def _evict(self, key: Key, reason: str) -> None:
+        """Stop serving `key`'s bucket: its shape is counted afresh and may be built again."""
+        _, old, _ = self.served.pop(key)
+        self.seen.pop(key, None)
+        old.state, old.reason = EVICTED, reason
 
     def _keep(self) -> None:
         """Hand the bucket decisions to the decision store, if it is on."""
@@ -194,7 +219,10 @@ class Buckets:
             log.warning("remembered bucket %s (%s) not built: %s", shape, rem.winner, why)
             self.kept.pop(key, None)
             return None, None
-        attempt, fn = sel.attempt(backend, specialize(self.gm), inputs, reference)
+        special = specialize(self.gm)
+        (attempt, fn), bucket.mb = footprint.measured(
+            inputs, lambda: sel.attempt(backend, special, inputs, reference)
+        )
         where = {**rem.where(), "compiled": True}
         bucket.attempts = [
             dataclasses.replace(attempt, details={**attempt.details, "remembered": where})
@@ -219,8 +247,11 @@ class Buckets:
         special = specialize(self.gm)
         attempts: list[Attempt] = []
         fns: dict[str, Fn] = {}
+        sizes: dict[str, float | None] = {}
         for backend in sel.candidates(winner):
-            attempt, fn = sel.attempt(backend, special, inputs, reference)
+            (attempt, fn), sizes[backend.name] = footprint.measured(
+                inputs, lambda b=backend: sel.attempt(b, special, inputs, reference)
+            )
             attempts.append(attempt)
             if fn is not None:
                 fns[backend.name] = fn
@@ -263,5 +294,6 @@ class Buckets:
             return bucket, None
         bucket.state, bucket.winner = SERVING, best.backend
         bucket.latency_ms = best.latency_ms
+        bucket.mb = sizes.get(best.backend)
         bucket.speedup = base.median_ms / best.latency_ms if best.latency_ms else None
         return bucket, fns[best.backend]

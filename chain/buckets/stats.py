@@ -25,6 +25,7 @@ class Bucket:
     latency_ms: float | None = None
     general_ms: float | None = None
     speedup: float | None = None  # general path latency / the bucket's, on this shape
+    mb: float | None = None  # CUDA memory its artefact keeps (chain.buckets.footprint)
     reason: str = ""  # why it lost, was evicted or demoted
     attempts: list[Attempt] = field(default_factory=list)
     # decided in an earlier process (chain.memory): {decided_at, host, pid}; None: here
@@ -41,7 +42,8 @@ class Bucket:
         if not isinstance(data, dict):
             raise TypeError(f"a bucket should be an object, got {type(data).__name__}")
         kw = {k: data[k] for k in ("shape", "state", "winner", "general") if k in data}
-        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "reason", "remembered"):
+        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "mb", "reason",
+                  "remembered"):  # fmt: skip
             if k in data:
                 kw[k] = data[k]
         kw["attempts"] = [Attempt.from_dict(a) for a in data.get("attempts", [])]
@@ -65,6 +67,7 @@ class BucketStats:
     max_buckets: int
     candidates: list[str] = field(default_factory=list)  # the fixed-shape backends tried
     buckets: list[Bucket] = field(default_factory=list)
+    max_bucket_mb: float | None = None  # bound on the serving buckets' measured memory
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +75,7 @@ class BucketStats:
             "max_buckets": self.max_buckets,
             "candidates": list(self.candidates),
             "buckets": [b.to_dict() for b in self.buckets],
+            "max_bucket_mb": self.max_bucket_mb,
         }
 
     @classmethod
@@ -86,6 +90,7 @@ class BucketStats:
             max_buckets=int(data["max_buckets"]),
             candidates=[str(c) for c in data.get("candidates", [])],
             buckets=[Bucket.from_dict(b) for b in data.get("buckets", [])],
+            max_bucket_mb=data.get("max_bucket_mb"),
         )
 
     def compiles(self) -> int:
