@@ -476,3 +476,25 @@ def test_a_cuda_graphs_bucket_measures_its_pool() -> None:
 
     (_, out), mb = measured([x], build)
     assert mb is not None and mb >= out.numel() * 4 / 2**20
+
+
+def test_the_benchmark_on_cuda_fails_clearly_without_a_gpu() -> None:
+    """`shape_buckets.py --device cuda` on a machine with no GPU: one line, exit status 1,
+    before any model is built."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the GPU benchmark would run")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "shape_buckets.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", "cuda"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "shape_buckets: --device cuda needs a CUDA device, and there is none here "
+        "(torch.cuda.is_available() is False); run without --device on CPU"
+    )
+    assert done.stdout == ""

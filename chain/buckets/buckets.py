@@ -153,11 +153,9 @@ class Buckets:
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
             bucket, fn = self._recalled(key, args, general)
+            fresh = bucket is None
             if bucket is None:
                 bucket, fn = self._select(args, general)
-                if (stored := entry(bucket, key, self.key)) is not None:
-                    self.kept[key] = stored
-                    self._keep()
             bucket.before = n
             self.stats.buckets.append(bucket)
             if fn is not None and bound is not None and (bucket.mb or 0.0) > bound:
@@ -166,6 +164,9 @@ class Buckets:
                     f"its artefact, {bucket.mb:.1f} MiB, exceeds max_bucket_mb {bound:g}"
                 )
                 fn = None
+            if fresh and (stored := entry(bucket, key, self.key)) is not None:
+                self.kept[key] = stored  # decided here: kept with the graph's decision
+                self._keep()
             if fn is None:
                 self.done.add(key)
             else:
