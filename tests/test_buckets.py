@@ -125,7 +125,8 @@ def test_hot_lengths_are_served_by_static_inductor_cold_ones_by_the_general_path
             run(bert, compiled, length)
     assert [g.winner for g in c.report.graphs] == ["static_inductor", "sleepy_general"]
     assert stats(c).candidates == ["static_inductor", "sleepy_general"]
-    assert by_shape(c) == {n: (SERVING, "static_inductor", 3) for n in hot}
+    tried = [f"{b.shape}: {b.reason}: {[str(a) for a in b.attempts]}" for b in stats(c).buckets]
+    assert by_shape(c) == {n: (SERVING, "static_inductor", 3) for n in hot}, tried
     served = backends["served"]["static_inductor"]
     for length in cold:
         assert served[length] == 0
