@@ -10,6 +10,15 @@ one with buckets (static inductor, compiled per hot length, serves the lengths w
 wins). A warm-up pass compiles everything; then `--rounds` timed passes of the same
 traffic, the two chains alternating; per-call latency: median of each pass, then the
 median over passes. Eager (uncompiled) is timed alongside.
+
+    python benchmarks/shape_buckets.py --device cuda [--model base] [--dtype fp16]
+
+On a GPU (exits at once with the reason where there is none): the model in fp16 on CUDA,
+and the variants where fixed shapes pay: `inductor, eager` without buckets; buckets whose
+fixed-shape candidate is `cudagraphs` (one CUDA graph per hot length); buckets over the
+`cuda_graphs` stage (`inductor+graphs` per hot length); and torch.compile's own `inductor`
+mode="reduce-overhead" (cudagraph trees, one graph per length, unbounded). `--model base`
+is a BERT-base config (12 layers, hidden 768), random weights, nothing downloaded.
 """
 
 from __future__ import annotations
@@ -40,13 +49,55 @@ def traffic(calls: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def per_call_ms(fn: Callable[..., Any], requests: list[torch.Tensor]) -> float:
-    """The median latency of one pass over `requests`."""
+    """The median latency of one pass over `requests` (CUDA synchronized per call)."""
+    cuda = requests[0].is_cuda
     times = []
     for x in requests:
         start = time.perf_counter()
         fn(x)
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
+
+
+def device_error(device: str) -> str | None:
+    """Why `device` cannot run this benchmark here, or None."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return (
+            "shape_buckets: --device cuda needs a CUDA device, and there is none here "
+            "(torch.cuda.is_available() is False); run without --device on CPU"
+        )
+    return None
+
+
+def build_model(name: str) -> torch.nn.Module:
+    """The tiny BERT of chain.bench.zoo, or a BERT-base config with random weights."""
+    if name == "tiny":
+        return zoo.build("bert")
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    return BertModel(BertConfig()).eval()
+
+
+def variants(args: argparse.Namespace, model: torch.nn.Module) -> dict[str, Any]:
+    """name -> (callable, its chain or None): what the benchmark times on this device."""
+    buckets = {"bucket_after": args.bucket_after, "max_buckets": args.max_buckets}
+    budget = {"measure_budget_s": 0.1}
+    plain = chain("inductor", "eager", bucket_after=None, **budget)
+    out: dict[str, Any] = {"eager (no compile)": (model, None)}
+    out["chain, no buckets"] = (torch.compile(model, backend=plain), plain)
+    if args.device == "cpu":
+        bucketed = chain("inductor", "eager", **buckets, **budget)
+        out["chain, buckets"] = (torch.compile(model, backend=bucketed), bucketed)
+        return out
+    graphs = chain("inductor", "cudagraphs", "eager", cuda_graphs=False, **buckets, **budget)
+    out["chain, buckets: cudagraphs"] = (torch.compile(model, backend=graphs), graphs)
+    staged = chain("inductor", "eager", cuda_graphs=True, **buckets, **budget)
+    out["chain, buckets: inductor+graphs"] = (torch.compile(model, backend=staged), staged)
+    out["inductor reduce-overhead"] = (torch.compile(model, mode="reduce-overhead"), None)
+    return out
 
 
 def main() -> None:
@@ -56,44 +107,49 @@ def main() -> None:
     parser.add_argument("--bucket-after", type=int, default=8)
     parser.add_argument("--max-buckets", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", choices=("tiny", "base"), default="tiny")
+    parser.add_argument("--dtype", choices=("fp32", "fp16"), default=None,
+                        help="default: fp16 on cuda, fp32 on cpu")  # fmt: skip
     args = parser.parse_args()
-    if (why := zoo.available()) is not None:
+    if (why := device_error(args.device) or zoo.available()) is not None:
         sys.exit(why)
     torch.set_num_threads(args.threads)
-    model = zoo.build("bert")
-    requests = traffic(args.calls)
+    dtype = args.dtype or ("fp16" if args.device == "cuda" else "fp32")
+    model = build_model(args.model).to(args.device)
+    if dtype == "fp16":
+        model = model.half()
+    requests = [x.to(args.device) for x in traffic(args.calls)]
     counts = collections.Counter(int(x.shape[1]) for x in requests)
     print(f"{args.calls} requests, {len(counts)} lengths; hottest: {counts.most_common(6)}")
-    plain = chain("inductor", "eager", bucket_after=None, measure_budget_s=0.1)
-    bucketed = chain(
-        "inductor", "eager", bucket_after=args.bucket_after, max_buckets=args.max_buckets,
-        measure_budget_s=0.1,
-    )  # fmt: skip
-    candidates: dict[str, Callable[..., Any]] = {
-        "eager (no compile)": model,
-        "chain, no buckets": torch.compile(model, backend=plain),
-        "chain, buckets": torch.compile(model, backend=bucketed),
-    }
+    candidates = variants(args, model)
     with torch.no_grad():
-        for name, fn in candidates.items():
+        for name, (fn, _) in candidates.items():
             start = time.perf_counter()
             per_call_ms(fn, requests)  # warm-up pass: compiles (and builds the buckets)
             print(f"warm-up pass, {name}: {time.perf_counter() - start:.1f} s")
         samples: dict[str, list[float]] = {name: [] for name in candidates}
         for r in range(args.rounds):
             names = list(candidates)
-            for name in names[r % 3 :] + names[: r % 3]:
-                samples[name].append(per_call_ms(candidates[name], requests))
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                samples[name].append(per_call_ms(candidates[name][0], requests))
     eager = statistics.median(samples["eager (no compile)"])
-    print(f"\nBertModel (tiny), {torch.get_num_threads()} torch thread(s), median ms/call")
+    where = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"{torch.get_num_threads()} torch thread(s)"
+    )
+    print(f"\nBertModel ({args.model}, {dtype}), {where}, median ms/call")
     for name, values in samples.items():
         ms = statistics.median(values)
-        print(f"{name:22} {ms:8.3f} ms  {eager / ms:5.2f}x over eager  ({values})")
-    for graph in bucketed.report.graphs:
-        if graph.buckets is not None:
-            print(f"\ngraph {graph.id} buckets ({graph.winner} general path):")
-            for bucket in graph.buckets.buckets:
-                print(f"  {bucket}")
+        print(f"{name:34} {ms:8.3f} ms  {eager / ms:5.2f}x over eager  ({values})")
+    for name, (_, used) in candidates.items():
+        for graph in used.report.graphs if used is not None else ():
+            if graph.buckets is not None:
+                print(f"\n{name}: graph {graph.id} buckets ({graph.winner} general path):")
+                for bucket in graph.buckets.buckets:
+                    print(f"  {bucket}")
 
 
 if __name__ == "__main__":

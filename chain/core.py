@@ -18,6 +18,7 @@ from chain import graphinfo, recompiles
 from chain.accuracy import reduction_lengths
 from chain.attempt import Reference, dynamo_signal, one_line, try_backend
 from chain.buckets import Buckets, BucketStats, Selection, ShapeKey
+from chain.buckets import remembered as bucket_memory
 from chain.concrete import concretize
 from chain.fp64 import fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
@@ -74,6 +75,7 @@ class Chain:
         store: str | os.PathLike[str] | None = None,
         bucket_after: int | None = None,
         max_buckets: int = 8,
+        max_bucket_mb: float | None = None,
         max_artefact_mb: float | None = None,
     ) -> None:
         if not backends:
@@ -105,6 +107,7 @@ class Chain:
         self.reverify_rate = reverify_rate
         self.bucket_after = bucket_after
         self.max_buckets = max_buckets
+        self.max_bucket_mb = max_bucket_mb
         path = report_path if report_path is not None else os.environ.get("CHAIN_REPORT")
         self.report_path = os.fspath(path) if path else None
         self.report_file = ReportFile(self.report_path) if self.report_path else None
@@ -191,18 +194,27 @@ class Chain:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
         watch_for = self._watch_for(record, gm, reference)
-        buckets = self._buckets(record.id, gm, inputs, winner)
+        kept = recall if self.memory is not None and recall is not None else None
+        buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
         index = self._index(winner)
         return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets)
 
     # -- per-shape buckets (chain.buckets) ----------------------------------------------
 
     def _buckets(
-        self, graph_id: int, gm: fx.GraphModule, inputs: list[Any], winner: str
+        self,
+        graph_id: int,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        winner: str,
+        recall: Recall | None = None,
+        hit: bool = False,
     ) -> Buckets | None:
         """Buckets for a graph with symbolic sizes that the chain can verify and time, and
         that has fixed-shape candidates; None otherwise (the guard then costs nothing more).
-        Graphs that write their inputs or draw random numbers get none."""
+        Graphs that write their inputs or draw random numbers get none. With the decision
+        store on (`recall`), bucket decisions are kept with the graph's decision, and on a
+        hit (`hit`) the remembered ones are built on first sight of their shape."""
         key = ShapeKey(gm, inputs)
         if self.bucket_after is None or not (self.verify and self.measure) or not key:
             return None
@@ -211,9 +223,18 @@ class Chain:
         candidates = self._bucket_candidates(winner)
         if not candidates:
             return None
-        stats = BucketStats(self.bucket_after, self.max_buckets, [b.name for b in candidates])
+        names = [b.name for b in candidates]
+        stats = BucketStats(self.bucket_after, self.max_buckets, names, [], self.max_bucket_mb)
         record = self.report.graphs[graph_id]
-        self.report.graphs[graph_id] = dataclasses.replace(record, buckets=stats)
+        remembered, notes = {}, []
+        if hit and recall is not None and recall.decision is not None:
+            remembered, notes = bucket_memory.load(
+                recall.decision.extra.get("buckets"), key, winner
+            )
+        if remembered:
+            notes.append(f"memory: {len(remembered)} remembered bucket(s), built on first sight")
+        record = dataclasses.replace(record, buckets=stats, notes=(*record.notes, *notes))
+        self.report.graphs[graph_id] = record
         selection = Selection(
             reference=self._reference,
             attempt=lambda b, g, x, r: self._try(b, b, g, x, r),
@@ -221,8 +242,14 @@ class Chain:
             speed=self.speed,
             strict=self.strict,
             saved=self._save,
+            kept=(lambda e: self._keep_buckets(recall, e)) if recall is not None else None,
         )
-        return Buckets(gm, key, stats, selection)
+        return Buckets(gm, key, stats, selection, remembered)
+
+    def _keep_buckets(self, recall: Recall, entries: list[dict[str, Any]]) -> None:
+        """Store a graph's bucket decisions with its decision; a warning when not stored."""
+        if self.memory is not None and (note := self.memory.remember_buckets(recall, entries)):
+            log.warning("%s", note)
 
     def _bucket_candidates(self, winner: str) -> list[Backend]:
         """What may serve a hot shape: the chain's fixed-shape backends (`dynamic=False`)

@@ -131,6 +131,7 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "store": optional(store),
     "bucket_after": optional(integer(low=1, high=1_000_000)),  # None: no buckets
     "max_buckets": integer(low=1, high=1024),
+    "max_bucket_mb": optional(number(above=0, high=2**20)),  # MiB of serving buckets; a TiB
     "max_artefact_mb": optional(number(low=0, high=2**20)),  # a TiB
 }
 

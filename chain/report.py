@@ -10,7 +10,7 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -19,6 +19,9 @@ from backends.common.files import atomic_write
 from chain.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
 from chain.json_fields import deeper_than, short
 from chain.records import FAILURES, Attempt, GraphRecord, Status
+
+if TYPE_CHECKING:
+    from chain.buckets.stats import Bucket
 
 log = logging.getLogger("chain")
 
@@ -58,6 +61,30 @@ GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
     Column("winner", lambda g: g.winner, wrap=True),
     Column("recompiles", recompile_text, wrap=True),
     Column("notes", lambda g: g.notes, lambda notes: "; ".join(notes), wrap=True),
+)
+
+
+def _decided(bucket: Bucket) -> str:
+    """Where a bucket was decided: `here`, or `remembered <when>` (chain.memory)."""
+    if bucket.remembered is None:
+        return "here"
+    return f"remembered {bucket.remembered.get('decided_at') or ''}".rstrip()
+
+
+BUCKET_COLUMNS: tuple[Column[tuple[GraphRecord, Bucket]], ...] = (
+    Column("graph", lambda gb: gb[0].id),
+    Column("shape", lambda gb: gb[1].shape, wrap=True),
+    Column("state", lambda gb: gb[1].state),
+    Column("winner", lambda gb: gb[1].winner or f"general:{gb[1].general}"),
+    Column("calls", lambda gb: gb[1].calls, numeric=True),
+    Column(
+        "speedup",
+        lambda gb: gb[1].speedup,
+        lambda v: "-" if v is None else f"{v:.2f}x",
+        numeric=True,
+    ),
+    Column("decided", lambda gb: _decided(gb[1])),
+    Column("reason", lambda gb: gb[1].reason, wrap=True, stretch=True),
 )
 _STYLES = {
     Status.WON: "bold green",
@@ -254,18 +281,23 @@ class Report:
         buckets = self.buckets_table()
         return Group(graphs, attempts, *([buckets] if buckets is not None else []))
 
+    def buckets(self) -> list[tuple[GraphRecord, Bucket]]:
+        """(graph, bucket) for every per-shape bucket (chain.buckets): one row each."""
+        return [(g, b) for g in self.graphs if g.buckets for b in g.buckets.buckets]
+
+    def bucket_rows(self) -> list[list[str]]:
+        """One row per bucket: graph, shape, state, who serves it, calls, speedup, where it
+        was decided and why it lost (the table, markdown and HTML read these columns)."""
+        return texts(BUCKET_COLUMNS, self.buckets())
+
     def buckets_table(self) -> Table | None:
         """The graphs' per-shape buckets (chain.buckets), one row each; None when none."""
-        rows = [(g, b) for g in self.graphs if g.buckets for b in g.buckets.buckets]
+        rows = self.buckets()
         if not rows:
             return None
-        table = Table(title="buckets", title_justify="left")
-        for name in ("graph", "shape", "state", "winner", "calls", "speedup", "reason"):
-            table.add_column(name, overflow="fold")
-        for g, b in rows:
-            speedup = f"{b.speedup:.2f}x" if b.speedup is not None else ""
-            winner = b.winner or f"general:{b.general}"
-            table.add_row(str(g.id), b.shape, b.state, winner, str(b.calls), speedup, b.reason)
+        table = rich_table(BUCKET_COLUMNS, title="buckets", title_justify="left")
+        for row in rows:
+            table.add_row(*cells(BUCKET_COLUMNS, row))
         return table
 
     def render(self, failures_only: bool = False, width: int = 120) -> str:
@@ -281,6 +313,8 @@ class Report:
             "",
             *markdown(ATTEMPT_COLUMNS, self.rows(failures_only)),
         ]
+        if buckets := self.bucket_rows():
+            lines += ["", *markdown(BUCKET_COLUMNS, buckets)]
         return "\n".join(lines) + f"\n\n{self.summary_line()}\n"
 
     def to_csv(self, failures_only: bool = False) -> str:

@@ -125,7 +125,8 @@ def test_hot_lengths_are_served_by_static_inductor_cold_ones_by_the_general_path
             run(bert, compiled, length)
     assert [g.winner for g in c.report.graphs] == ["static_inductor", "sleepy_general"]
     assert stats(c).candidates == ["static_inductor", "sleepy_general"]
-    assert by_shape(c) == {n: (SERVING, "static_inductor", 3) for n in hot}
+    tried = [f"{b.shape}: {b.reason}: {[str(a) for a in b.attempts]}" for b in stats(c).buckets]
+    assert by_shape(c) == {n: (SERVING, "static_inductor", 3) for n in hot}, tried
     served = backends["served"]["static_inductor"]
     for length in cold:
         assert served[length] == 0
@@ -285,3 +286,216 @@ def test_buckets_off_and_bad_options() -> None:
         chain.chain("eager", max_buckets=0)
     with pytest.raises(InvalidOption, match="bucket_after"):
         chain.chain("eager", bucket_after=1.5)
+
+
+# -- buckets in the remembered-decision store (chain.memory) ----------------------------
+
+_PROCESS = """
+import json, sys, time
+import torch
+import chain, chain.core as core
+from backends.registry import registry
+from tests.models import build_extra
+
+compiled = []
+real = core.try_backend
+def counting(backend, *args, **kwargs):
+    compiled.append(backend.name)
+    return real(backend, *args, **kwargs)
+core.try_backend = counting
+
+@registry.register("static_inductor", dynamic=False)
+def static_inductor(gm, example_inputs):
+    return registry.lookup("inductor").compiler(gm, example_inputs)
+
+@registry.register("sleepy_general")
+def sleepy_general(gm, example_inputs):
+    def run(*args):
+        time.sleep(0.003)
+        return gm.forward(*args)
+    return run
+
+model, _ = build_extra("bert")
+c = chain.chain("static_inductor", "sleepy_general", bucket_after=2, eager_floor=False,
+                measure_budget_s=0.05, memory=True, store=sys.argv[2])
+fast = torch.compile(model, backend=c)
+with torch.no_grad():
+    for length in [8] + [16, 24, 32] * 3:
+        torch.manual_seed(length)
+        x = torch.randint(0, 100, (2, length))
+        torch.testing.assert_close(fast(x).last_hidden_state, model(x).last_hidden_state)
+c.report.save(sys.argv[1])  # the calls served since the last build
+print(json.dumps(compiled))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path: Any) -> None:
+    """Process 1 counts each length to bucket_after=2 and tries both candidates per shape;
+    process 2, on the same store, compiles the remembered winner (static inductor) alone at
+    each length's first call and keeps the decision's figures: 3 compiles instead of 6."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def process(name: str) -> tuple[Report, list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_PROCESS), str(tmp_path / name),
+             str(tmp_path / "store")],
+            env=env, capture_output=True, text=True, timeout=600, cwd=root,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return Report.load(tmp_path / name), json.loads(done.stdout.strip().splitlines()[-1])
+
+    def shapes(report: Report) -> dict[str, Any]:
+        (graph,) = [g for g in report.graphs if g.buckets is not None]
+        assert graph.buckets is not None
+        return {b.shape.split(",")[0].split("=")[1]: b for b in graph.buckets.buckets}
+
+    cold, cold_compiled = process("cold.json")
+    cold_buckets = shapes(cold)
+    assert sorted(cold_buckets) == ["16", "24", "32"], list(cold_buckets)
+    for b in cold_buckets.values():
+        assert (b.state, b.winner, b.calls, b.remembered) == (SERVING, "static_inductor", 1, None)
+    assert cold.graphs[1].buckets.compiles() == 6  # type: ignore[union-attr]
+    assert cold_compiled.count("static_inductor") == 2 + 3  # graph 0, graph 1 (declined), 3 buckets
+
+    warm, warm_compiled = process("warm.json")
+    assert warm_compiled == ["static_inductor", "sleepy_general", *["static_inductor"] * 3]
+    warm_buckets = shapes(warm)
+    assert sorted(warm_buckets) == sorted(cold_buckets)
+    for shape, b in warm_buckets.items():
+        before = cold_buckets[shape]
+        assert (b.state, b.winner, b.calls) == (SERVING, "static_inductor", 2)  # from call 2
+        assert b.remembered is not None and b.remembered["decided_at"]
+        assert (b.speedup, b.latency_ms) == (before.speedup, before.latency_ms)
+        (attempt,) = b.attempts  # compiled and verified now, not timed
+        assert attempt.status is chain.Status.WON and attempt.max_abs_err is not None
+        assert attempt.details["remembered"]["compiled"] is True
+    graph = warm.graphs[1]
+    assert graph.buckets is not None and graph.buckets.compiles() == 3
+    assert "memory: 3 remembered bucket(s), built on first sight" in graph.notes
+    table = warm.render(width=240)
+    assert "remembered" in table
+
+
+def _bucketed_report() -> Report:
+    """A report with one graph and two buckets: one decided here, one remembered."""
+    from chain.buckets.stats import Bucket
+    from chain.records import Attempt, GraphRecord
+
+    won = Attempt("static_inductor", chain.Status.WON, "", latency_ms=0.5)
+    here = Bucket("s0=16, l_x_ (2, 16)", SERVING, "static_inductor", "inductor", calls=7,
+                  latency_ms=0.5, general_ms=1.0, speedup=2.0, attempts=[won])  # fmt: skip
+    old = Bucket("s0=24, l_x_ (2, 24)", SERVING, "static_inductor", "inductor", calls=3,
+                 speedup=1.25, remembered={"decided_at": "2025-01-02T03:04:05+00:00",
+                 "host": "h", "pid": 1})  # fmt: skip
+    lost = Bucket("s0=32, l_x_ (2, 32)", LOST, None, "inductor", reason="<b>no</b> win")
+    stats = BucketStats(2, 8, ["static_inductor"], [here, old, lost])
+    graph = GraphRecord(0, "f", "model.forward", 10, {}, [], (won,), "inductor", buckets=stats)
+    report = Report()
+    report.graphs.append(graph)
+    return report
+
+
+def test_the_report_shows_each_bucket_in_the_table_markdown_json_and_html(tmp_path: Any) -> None:
+    report = _bucketed_report()
+    rows = report.bucket_rows()
+    assert rows == [
+        ["0", "s0=16, l_x_ (2, 16)", "serving", "static_inductor", "7", "2.00x", "here", ""],
+        ["0", "s0=24, l_x_ (2, 24)", "serving", "static_inductor", "3", "1.25x",
+         "remembered 2025-01-02T03:04:05+00:00", ""],
+        ["0", "s0=32, l_x_ (2, 32)", "lost", "general:inductor", "0", "-", "here", "<b>no</b> win"],
+    ]  # fmt: skip
+    table = report.render(width=240)
+    assert "remembered 2025-01-02T03:04:05+00:00" in table and "2.00x" in table
+    md = report.to_markdown()
+    assert "| 0 | s0=16, l_x_ (2, 16) | serving | static_inductor | 7 | 2.00x | here |  |" in md
+    loaded = Report.load(report.save(tmp_path / "r.json"))
+    stats = loaded.graphs[0].buckets
+    assert stats is not None and stats.to_dict() == report.graphs[0].buckets.to_dict()  # type: ignore[union-attr]
+    assert stats.buckets[1].remembered == {
+        "decided_at": "2025-01-02T03:04:05+00:00", "host": "h", "pid": 1,
+    }  # fmt: skip
+    page = report.save_html(tmp_path / "r.html").read_text()
+    assert 'id="buckets-0"' in page
+    assert "<td>s0=24, l_x_ (2, 24)</td>" in page and "remembered 2025-01-02T03:04:05" in page
+    assert "&lt;b&gt;no&lt;/b&gt; win" in page and "<b>no</b> win" not in page
+
+
+def test_max_bucket_mb_evicts_to_stay_under_the_bound(
+    bert: nn.Module, backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bucket's artefact measured at 3 MiB (the measure is CUDA's allocator; on CPU it
+    is set here): max_bucket_mb=7 holds two, a third evicts the least used, and a bucket
+    larger than the bound alone is not served."""
+    import chain.buckets.footprint as footprint
+
+    sizes = {"mb": 3.0}
+    monkeypatch.setattr(footprint, "measured", lambda inputs, build: (build(), sizes["mb"]))
+    c = chain.chain(
+        "flaky_fixed", "sleepy_general", bucket_after=2, eager_floor=False,
+        measure_budget_s=0.05, max_bucket_mb=7,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in [8, *[10] * 5, *[12] * 3, *[14] * 4]:
+        run(bert, compiled, length)
+    states = by_shape(c)
+    assert states[10][0] == SERVING and states[14][0] == SERVING and states[12][0] == EVICTED
+    evicted = next(b for b in stats(c).buckets if b.state == EVICTED)
+    assert evicted.reason == "least used; 9.0 MiB over max_bucket_mb 7"
+    assert [b.mb for b in stats(c).buckets] == [3.0, 3.0, 3.0]
+    sizes["mb"] = 8.0
+    for _ in range(6):  # built at its 6th call: more than the 4 uses of the least used
+        run(bert, compiled, 16)
+    big = by_shape(c)[16]
+    assert big[:2] == (LOST, None)
+    (bucket,) = [b for b in stats(c).buckets if b.shape.split(",")[0].endswith("=16")]
+    assert bucket.reason == "its artefact, 8.0 MiB, exceeds max_bucket_mb 7"
+    with pytest.raises(InvalidOption, match="max_bucket_mb"):
+        chain.chain("eager", max_bucket_mb=-1)
+
+
+@pytest.mark.cuda
+def test_a_cuda_graphs_bucket_measures_its_pool() -> None:
+    """A CUDA graph capture allocates its pool: the measure around the build sees it."""
+    from chain.buckets.footprint import measured
+
+    x = torch.randn(256, 1024, device="cuda")
+
+    def build() -> Any:
+        graph, static = torch.cuda.CUDAGraph(), x.clone()
+        with torch.cuda.graph(graph):
+            out = static @ static.T
+        return graph, out
+
+    (_, out), mb = measured([x], build)
+    assert mb is not None and mb >= out.numel() * 4 / 2**20
+
+
+def test_the_benchmark_on_cuda_fails_clearly_without_a_gpu() -> None:
+    """`shape_buckets.py --device cuda` on a machine with no GPU: one line, exit status 1,
+    before any model is built."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the GPU benchmark would run")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "shape_buckets.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", "cuda"], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "shape_buckets: --device cuda needs a CUDA device, and there is none here "
+        "(torch.cuda.is_available() is False); run without --device on CPU"
+    )
+    assert done.stdout == ""

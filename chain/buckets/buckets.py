@@ -21,8 +21,10 @@ from torch import fx
 from backends.errors import one_line
 from backends.registry import Backend
 from chain.attempt import Reference
+from chain.buckets import footprint
+from chain.buckets.remembered import Remembered, entry
 from chain.buckets.shapes import Key, ShapeKey, specialize
-from chain.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, Bucket, BucketStats
+from chain.buckets.stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
 from chain.records import Attempt, Status
 from chain.speed import EAGER_BIAS, SpeedRules
 from chain.watch import Watch
@@ -59,6 +61,8 @@ class Selection:
     speed: SpeedRules
     strict: bool
     saved: Callable[[], None]
+    # stores the graph's bucket decisions with its remembered decision (chain.memory)
+    kept: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 class Buckets:
@@ -70,7 +74,12 @@ class Buckets:
     """
 
     def __init__(
-        self, gm: fx.GraphModule, key: ShapeKey, stats: BucketStats, selection: Selection
+        self,
+        gm: fx.GraphModule,
+        key: ShapeKey,
+        stats: BucketStats,
+        selection: Selection,
+        remembered: dict[Key, Remembered] | None = None,
     ) -> None:
         self.gm = gm
         self.key = key
@@ -81,6 +90,9 @@ class Buckets:
         self.seen: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
         self.building = threading.Lock()
+        # decided in an earlier process: built on a shape's first sight (chain.memory)
+        self.remembered = dict(remembered or {})
+        self.kept = {k: r.entry for k, r in self.remembered.items()}  # what the store holds
 
     def pick(self, args: Sequence[Any], general: General) -> tuple[Fn, Watch | None] | None:
         """The bucket's callable and its run-time checks for this call's shape, or None for
@@ -94,7 +106,12 @@ class Buckets:
         if n == 1 and len(self.seen) >= MAX_SEEN:
             self.seen.clear()
         self.seen[key] = n
-        if n % self.after or key in self.done:
+        if key in self.done:
+            return None
+        if key in self.remembered and (n == 1 or n % self.after == 0):
+            self._build(key, n, args, general)
+            return None  # as for a bucket built here: this call takes the general path
+        if n % self.after:
             return None
         self._build(key, n, args, general)
         return None  # the call that built it takes the general path
@@ -110,6 +127,8 @@ class Buckets:
             self.done.add(key)
             log.warning("bucket %s (%s) failed at run time (%s); the general path serves it",
                         bucket.shape, bucket.winner, one_line(exc))  # fmt: skip
+            if self.kept.pop(key, None) is not None:
+                self._keep()
             self.selection.saved()
         if self.selection.strict:
             raise exc
@@ -125,25 +144,96 @@ class Buckets:
             uses = {k: b.before + b.calls for k, (_, b, _) in self.served.items()}
             victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
             full = len(self.served) >= self.stats.max_buckets
+            bound = self.stats.max_bucket_mb
+            if bound is not None and self.served:  # a new one as large as the largest
+                full = (
+                    full
+                    or self._mb() + max(b.mb or 0.0 for _, b, _ in self.served.values()) > bound
+                )
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
-            bucket, fn = self._select(args, general)
+            bucket, fn = self._recalled(key, args, general)
+            fresh = bucket is None
+            if bucket is None:
+                bucket, fn = self._select(args, general)
             bucket.before = n
             self.stats.buckets.append(bucket)
+            if fn is not None and bound is not None and (bucket.mb or 0.0) > bound:
+                bucket.state, bucket.winner = LOST, None
+                bucket.reason = (
+                    f"its artefact, {bucket.mb:.1f} MiB, exceeds max_bucket_mb {bound:g}"
+                )
+                fn = None
+            if fresh and (stored := entry(bucket, key, self.key)) is not None:
+                self.kept[key] = stored  # decided here: kept with the graph's decision
+                self._keep()
             if fn is None:
                 self.done.add(key)
             else:
-                if full and victim is not None:
-                    del self.served[victim[0]]
-                    self.seen.pop(victim[0], None)
-                    old = victim[1][1]
-                    old.state = EVICTED
-                    old.reason = f"least used of {self.stats.max_buckets} (max_buckets)"
+                if len(self.served) >= self.stats.max_buckets and victim is not None:
+                    self._evict(victim[0], f"least used of {self.stats.max_buckets} (max_buckets)")
                 self.served[key] = (fn, bucket, general.bucket_watch(bucket.winner or ""))
+                while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
+                    others = [k for k in self.served if k != key]
+                    least = min(
+                        others, key=lambda k: self.served[k][1].before + self.served[k][1].calls
+                    )
+                    self._evict(least, f"least used; {total:.1f} MiB over max_bucket_mb {bound:g}")
             self.selection.saved()
             return
         finally:
             self.building.release()
+
+    def _mb(self) -> float:
+        """The measured memory of the serving buckets (MiB; unmeasured ones count 0)."""
+        return sum(b.mb or 0.0 for _, b, _ in self.served.values())
+
+    def _evict(self, key: Key, reason: str) -> None:
+        """Stop serving `key`'s bucket: its shape is counted afresh and may be built again."""
+        _, old, _ = self.served.pop(key)
+        self.seen.pop(key, None)
+        old.state, old.reason = EVICTED, reason
+
+    def _keep(self) -> None:
+        """Hand the bucket decisions to the decision store, if it is on."""
+        if self.selection.kept is not None:
+            self.selection.kept(list(self.kept.values()))
+
+    def _recalled(
+        self, key: Key, args: Sequence[Any], general: General
+    ) -> tuple[Bucket | None, Fn | None]:
+        """A remembered bucket built alone: its winner compiled and verified against eager
+        now, the decision's figures kept. (None, None) when none is remembered for the
+        shape, or its winner cannot be built now (logged; the shape is then selected anew)."""
+        rem = self.remembered.pop(key, None)
+        if rem is None:
+            return None, None
+        shape = self.key.describe(args)
+        bucket = rem.bucket(shape)
+        if rem.state != SERVING:
+            return bucket, None  # the general path kept this shape: nothing to build
+        sel, inputs = self.selection, list(args)
+        backend = next((b for b in sel.candidates(general.winner) if b.name == rem.winner), None)
+        reference, _ = sel.reference(self.gm, inputs)
+        if backend is None or reference.outputs is None or not reference.runnable:
+            why = "not a candidate now" if backend is None else "eager's reference could not run"
+            log.warning("remembered bucket %s (%s) not built: %s", shape, rem.winner, why)
+            self.kept.pop(key, None)
+            return None, None
+        special = specialize(self.gm)
+        (attempt, fn), bucket.mb = footprint.measured(
+            inputs, lambda: sel.attempt(backend, special, inputs, reference)
+        )
+        where = {**rem.where(), "compiled": True}
+        bucket.attempts = [
+            dataclasses.replace(attempt, details={**attempt.details, "remembered": where})
+        ]
+        if fn is None:
+            log.warning("remembered bucket %s: %s failed now (%s: %s); selected anew",
+                        shape, rem.winner, attempt.status, attempt.reason)  # fmt: skip
+            self.kept.pop(key, None)
+            return None, None
+        return bucket, fn
 
     def _select(self, args: Sequence[Any], general: General) -> tuple[Bucket, Fn | None]:
         """Compile, verify and time the fixed-shape candidates for this call's sizes against
@@ -158,8 +248,11 @@ class Buckets:
         special = specialize(self.gm)
         attempts: list[Attempt] = []
         fns: dict[str, Fn] = {}
+        sizes: dict[str, float | None] = {}
         for backend in sel.candidates(winner):
-            attempt, fn = sel.attempt(backend, special, inputs, reference)
+            (attempt, fn), sizes[backend.name] = footprint.measured(
+                inputs, lambda b=backend: sel.attempt(b, special, inputs, reference)
+            )
             attempts.append(attempt)
             if fn is not None:
                 fns[backend.name] = fn
@@ -167,7 +260,7 @@ class Buckets:
             bucket.attempts = attempts
             bucket.reason = "no fixed-shape candidate passed"
             return bucket, None
-        path = f"general:{winner}"
+        path = f"{GENERAL}{winner}"
         fns[path] = general.fn
         attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
         attempts, timings = sel.speed.time(attempts, fns, self.gm, reference)
@@ -202,5 +295,6 @@ class Buckets:
             return bucket, None
         bucket.state, bucket.winner = SERVING, best.backend
         bucket.latency_ms = best.latency_ms
+        bucket.mb = sizes.get(best.backend)
         bucket.speedup = base.median_ms / best.latency_ms if best.latency_ms else None
         return bucket, fns[best.backend]

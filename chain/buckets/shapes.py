@@ -60,6 +60,29 @@ class ShapeKey:
             *[(args[i].shape, args[i].stride()) for i in self.tensors],
         )
 
+    def encode(self, key: Key) -> list[Any]:
+        """The key as JSON (for the decision store): ints, and [shape, stride] per tensor."""
+        n = len(self.sizes)
+        return [*key[:n], *[[list(shape), list(stride)] for shape, stride in key[n:]]]
+
+    def decode(self, data: Any) -> Key:
+        """The key `encode` wrote, equal (and hashed alike) to the key of a call of those
+        sizes; ValueError when it does not fit this graph's symbolic inputs."""
+        n, m = len(self.sizes), len(self.tensors)
+        if not isinstance(data, list) or len(data) != n + m:
+            raise ValueError(f"a shape key of this graph holds {n + m} values, got {data!r}")
+        sizes = data[:n]
+        if not all(type(v) is int for v in sizes):
+            raise ValueError(f"sizes should be ints, got {sizes!r}")
+        tensors = []
+        for pair in data[n:]:
+            ok = isinstance(pair, list) and len(pair) == 2
+            ok = ok and all(isinstance(p, list) for p in pair)
+            if not ok or not all(type(v) is int for p in pair for v in p):
+                raise ValueError(f"a tensor's sizes should be [shape, stride] ints, got {pair!r}")
+            tensors.append((tuple(pair[0]), tuple(pair[1])))
+        return (*sizes, *tensors)
+
     def describe(self, args: Sequence[Any]) -> str:
         """The key for people: `s0=16, l_x_ (2, 16)`."""
         parts = [f"{self.names[i]}={args[i]}" for i in self.sizes]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chain.records import Attempt
+from chain.records import Attempt, Status
 
 # an entry's state: serving its shape, lost to the general path, evicted, or demoted
 SERVING, LOST, EVICTED, DEMOTED = "serving", "lost", "evicted", "demoted"
+GENERAL = "general:"  # the prefix of the general path's attempt in a bucket's attempts
 
 
 @dataclass
@@ -24,8 +25,11 @@ class Bucket:
     latency_ms: float | None = None
     general_ms: float | None = None
     speedup: float | None = None  # general path latency / the bucket's, on this shape
+    mb: float | None = None  # CUDA memory its artefact keeps (chain.buckets.footprint)
     reason: str = ""  # why it lost, was evicted or demoted
     attempts: list[Attempt] = field(default_factory=list)
+    # decided in an earlier process (chain.memory): {decided_at, host, pid}; None: here
+    remembered: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "attempts"}
@@ -38,7 +42,8 @@ class Bucket:
         if not isinstance(data, dict):
             raise TypeError(f"a bucket should be an object, got {type(data).__name__}")
         kw = {k: data[k] for k in ("shape", "state", "winner", "general") if k in data}
-        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "reason"):
+        for k in ("calls", "before", "latency_ms", "general_ms", "speedup", "mb", "reason",
+                  "remembered"):  # fmt: skip
             if k in data:
                 kw[k] = data[k]
         kw["attempts"] = [Attempt.from_dict(a) for a in data.get("attempts", [])]
@@ -49,6 +54,8 @@ class Bucket:
         text = f"{self.shape}: {self.state}, {who}, {self.calls} call(s)"
         if self.speedup is not None:
             text += f", {self.speedup:.2f}x over the general path"
+        if self.remembered is not None:
+            text += f", remembered from {self.remembered.get('decided_at', '?')}"
         return f"{text}: {self.reason}" if self.reason else text
 
 
@@ -60,6 +67,7 @@ class BucketStats:
     max_buckets: int
     candidates: list[str] = field(default_factory=list)  # the fixed-shape backends tried
     buckets: list[Bucket] = field(default_factory=list)
+    max_bucket_mb: float | None = None  # bound on the serving buckets' measured memory
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +75,7 @@ class BucketStats:
             "max_buckets": self.max_buckets,
             "candidates": list(self.candidates),
             "buckets": [b.to_dict() for b in self.buckets],
+            "max_bucket_mb": self.max_bucket_mb,
         }
 
     @classmethod
@@ -81,6 +90,19 @@ class BucketStats:
             max_buckets=int(data["max_buckets"]),
             candidates=[str(c) for c in data.get("candidates", [])],
             buckets=[Bucket.from_dict(b) for b in data.get("buckets", [])],
+            max_bucket_mb=data.get("max_bucket_mb"),
+        )
+
+    def compiles(self) -> int:
+        """How many compiles the buckets cost in this process: the fixed-shape candidates
+        tried (a remembered bucket: its winner alone), unavailable ones and the general
+        path's timing entry excepted."""
+        skipped = (Status.UNAVAILABLE, Status.NOT_TRIED)
+        return sum(
+            1
+            for b in self.buckets
+            for a in b.attempts
+            if a.status not in skipped and not a.backend.startswith(GENERAL)
         )
 
     def serving(self) -> list[Bucket]:

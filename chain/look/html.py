@@ -15,8 +15,9 @@ from typing import Any
 
 from backends.common.files import atomic_write
 from chain.accuracy import MULTIPLE
+from chain.buckets.stats import BucketStats
 from chain.records import Attempt, GraphRecord, Status
-from chain.report import Report, recompile_text
+from chain.report import BUCKET_COLUMNS, Report, recompile_text
 
 NO_PLOTLY = (
     "Charts left out: plotly is not installed here "
@@ -191,7 +192,31 @@ def _graph_section(graph: GraphRecord) -> str:
         "reason",
     )
     parts.append(_table(headers, _attempt_rows(graph), "attempts"))
+    if graph.buckets is not None and graph.buckets.buckets:
+        parts.append(_buckets(graph, graph.buckets))
     return "".join(parts) + "</details>"
+
+
+def _buckets(graph: GraphRecord, stats: BucketStats) -> str:
+    """The graph's per-shape buckets (chain.buckets): the report's bucket columns."""
+    one = Report()
+    one.graphs.append(graph)
+    numeric = {c.name for c in BUCKET_COLUMNS if c.numeric}
+    rows = [
+        [
+            _n(_e(t)) if c.name in numeric else _e(t)
+            for c, t in zip(BUCKET_COLUMNS, row, strict=True)
+        ]
+        for row in one.bucket_rows()
+    ]
+    title = (
+        f"Buckets (after {stats.bucket_after} calls of a shape, at most {stats.max_buckets}; "
+        f"{stats.compiles()} compile(s) in this run)"
+    )
+    headers = [c.name for c in BUCKET_COLUMNS]
+    return (
+        f'<div id="buckets-{graph.id}"><p>{_e(title)}</p>{_table(headers, rows, "buckets")}</div>'
+    )
 
 
 def _charts(report: Report) -> list[str]:

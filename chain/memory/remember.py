@@ -59,6 +59,7 @@ class Memory:
         self._store: Store | None = None
         self._down: str | None = None  # why the store is not used in this process
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
 
     def store(self) -> Store | None:
         """The store, opened once; None (with a warning, once) when it cannot be."""
@@ -120,6 +121,27 @@ class Memory:
             store.put(recall.key, encode(recall.key, recall.parts, decision))
         except StoreUnavailable as e:
             return self._fail(str(e))
+        return None
+
+    def remember_buckets(self, recall: Recall, buckets: list[dict[str, Any]]) -> str | None:
+        """Keep a graph's bucket decisions (chain.buckets.remembered) with its decision, in
+        `extra["buckets"]`; a note when they could not be (no entry, store down, refused)."""
+        store = self.store()
+        if recall.key is None or store is None:
+            return None
+        with self._writing:  # one read-modify-write of an entry at a time in this process
+            try:
+                data = store.get(recall.key)
+                if data is None:
+                    return f"memory: buckets not kept: no entry {recall.key} in {store.location}"
+                decision, parts = decode(data, recall.key)
+                extra = {**decision.extra, "buckets": buckets}
+                kept = dataclasses.replace(decision, extra=extra)
+                store.put(recall.key, encode(recall.key, parts, kept))
+            except StoreUnavailable as e:
+                return self._fail(str(e))
+            except BadEntry as e:
+                return f"memory: buckets not kept: entry {recall.key} refused ({e})"
         return None
 
     def artefact(

@@ -15,6 +15,7 @@ from typing import Any
 from backends.common.payload import TensorSpec
 from backends.errors import Unsupported
 from backends.tensorrt.conversion.onnx import OnnxModel
+from backends.tensorrt.conversion.profiles import Profile
 
 logger = logging.getLogger(__name__)
 
@@ -88,19 +89,31 @@ def build_engine(
     workspace_size: int,
     optimization_level: int,
     timing_cache: bytes | None,
+    profiles: Sequence[Profile] | None = None,
 ) -> tuple[bytes, bytes | None]:
-    """Build a serialized engine; returns it and the updated timing cache (if one was used)."""
+    """Build a serialized engine; returns it and the updated timing cache (if one was used).
+
+    `profiles`: one optimization profile each (min/opt/max per input, see
+    conversion.profiles: one per bucket range); None: one profile fixed at `inputs`."""
     import tensorrt as trt
 
     builder, network, _parser = parse(onnx)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_size)
     config.builder_optimization_level = optimization_level
-    profile = builder.create_optimization_profile()
-    for name, spec in zip(onnx.input_names, inputs, strict=True):
-        # min == opt == max: dynamo hands over static graphs; a new size is a new (cached) engine.
-        profile.set_shape(name, spec.shape, spec.shape, spec.shape)
-    config.add_optimization_profile(profile)
+    if profiles is None:
+        profile = builder.create_optimization_profile()
+        for name, spec in zip(onnx.input_names, inputs, strict=True):
+            # min == opt == max: a static graph; a new size is a new (cached) engine
+            profile.set_shape(name, spec.shape, spec.shape, spec.shape)
+        config.add_optimization_profile(profile)
+    for ranges in profiles or ():
+        profile = builder.create_optimization_profile()
+        for name in onnx.input_names:
+            low, opt, high = ranges.shapes[name]
+            profile.set_shape(name, low, opt, high)
+        if config.add_optimization_profile(profile) < 0:
+            raise RuntimeError(f"TensorRT refused the optimization profile {ranges.shapes}")
     if timing_cache is not None:
         config.set_timing_cache(_timing_cache(config, timing_cache), ignore_mismatch=False)
     serialized = builder.build_serialized_network(network, config)
