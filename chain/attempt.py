@@ -17,7 +17,7 @@ from torch import fx
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
 from chain.fp64 import Later
-from chain.isolation import Isolation, WeightWatch, fresh_copy
+from chain.isolation import Isolation, WeightWatch, compile_copy, fresh_copy
 from chain.records import Attempt, Status
 from chain.verify import Verdict, compare, compare_writes
 from chain.worker import CompileTimeout as CompileTimeout  # re-exported: chain.attempt's
@@ -94,7 +94,7 @@ class Reference:
         values = list(example_inputs)
         for i in self.copied():
             if isinstance(values[i], torch.Tensor):
-                values[i] = fresh_copy(values[i])
+                values[i] = compile_copy(values[i])
         return values
 
     def name(self, i: int) -> str:

@@ -537,3 +537,37 @@ def test_a_remembered_winner_now_wrong_is_caught_on_its_first_call(
         assert "(mismatch: output 0: RMSE vs float64" in note, note
         drifted = [a for a in record.attempts if a.backend == "drifts"]
         assert drifted[-1].status is Status.MISMATCH
+
+
+# -- a compiler fakifies the chain's copies as dynamo's own inputs ----------------------
+
+
+def test_inductor_compiles_copied_inputs_with_dynamos_sizes() -> None:
+    """The chain hands backends copies of the activations; inductor must fakify them with
+    dynamo's symbolic context, not as unknown tensors with fresh symbolic sizes (which made
+    ConvNeXt under fastest crash in dynamo's guard building). Small ConvNeXt, two shapes."""
+    from torch._guards import TracingContext
+    from transformers import ConvNextConfig, ConvNextModel
+
+    backend = chain("inductor", "eager", memory=False)
+    unknown: list[list[str]] = []
+
+    def watched(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = backend(gm, example_inputs)
+        env = TracingContext.get().fake_mode.shape_env
+        names = [str(s.name) for sources in env.var_to_sources.values() for s in sources]
+        unknown.append([n for n in names if "unknown_tensor" in n])
+        return fn
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32)
+    model = ConvNextModel(config).eval()
+    fast = torch.compile(model, backend=watched, dynamic=False)
+    with torch.no_grad():
+        for shape in ((1, 3, 32, 32), (2, 3, 48, 48)):
+            x = torch.randn(shape)
+            got, want = fast(x).last_hidden_state, model(x).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert unknown == [[], []]
+    assert [g.winner for g in backend.report.graphs] != [None, None]
