@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
@@ -64,6 +65,7 @@ class OutputError:
     error: float
     eager_error: float
     allowed: float
+    against: str = "float64"  # "eager": a remembered winner's quick check (`near_eager`)
 
     @property
     def passed(self) -> bool:
@@ -80,6 +82,11 @@ class OutputError:
         return self.error / self.allowed if self.allowed > 0 else float(self.error > 0) * 1e30
 
     def reason(self) -> str:
+        if self.against == "eager":
+            return (
+                f"output {self.index}: RMSE vs eager {self.error:.3g} above the bound from "
+                f"eager's recorded error {self.eager_error:.3g} (allowed {self.allowed:.3g})"
+            )
         ratio = f"{self.ratio:.3g}x" if self.ratio is not None else "above"
         return (
             f"output {self.index}: RMSE vs float64 {self.error:.3g} is {ratio} eager's "
@@ -113,6 +120,56 @@ def output_error(
     floor = floor_ulps * info.eps * scale * math.sqrt(max(1, reduced))
     allowed = multiple * eager_error + floor + info.tiny
     return OutputError(index, _rmse(ref, cand), eager_error, allowed)
+
+
+def relative_error(reference: torch.Tensor, eager: torch.Tensor) -> float | None:
+    """Eager's RMSE against the float64 `reference`, over the reference's RMS: what a
+    decision records per output (None when it cannot be told: no finite value, zero scale)."""
+    ref = reference.detach().cpu().to(torch.float64)
+    eag = eager.detach().cpu().to(torch.float64)
+    finite = torch.isfinite(ref) & torch.isfinite(eag)
+    ref, eag = ref[finite], eag[finite]
+    scale = float(ref.square().mean().sqrt()) if ref.numel() else 0.0
+    error = _rmse(ref, eag) / scale if scale > 0 else None
+    return error if error is not None and math.isfinite(error) else None
+
+
+def relative_errors(fp64: Any, eager: Any) -> list[float | None]:
+    """Per flattened output: eager's relative error against float64 (None: not floating)."""
+    wrap = lambda out: tuple(out) if isinstance(out, list) else out  # noqa: E731
+    refs, eagers = pytree.tree_leaves(wrap(fp64)), pytree.tree_leaves(wrap(eager))
+    return [
+        relative_error(r, e)
+        if isinstance(r, torch.Tensor) and isinstance(e, torch.Tensor) and e.is_floating_point()
+        else None
+        for r, e in zip(refs, eagers, strict=True)
+    ]
+
+
+def near_eager(
+    index: int,
+    eager: torch.Tensor,
+    candidate: torch.Tensor,
+    eager_relative: float,
+    multiple: float = MULTIPLE,
+    floor_ulps: float = FLOOR_ULPS,
+    reduced: int = 1,
+) -> OutputError:
+    """A remembered winner's check without a float64 run: its distance from eager against
+    (multiple - 1) x eager's error, estimated from the `eager_relative` error the decision
+    recorded, + the floor. By the triangle inequality, error(candidate) <= distance +
+    error(eager), so within this bound the float64 rule holds whenever eager's error now is
+    at least what was recorded; see README "Remembered decisions" for the margin."""
+    eag = eager.detach().cpu().to(torch.float64)
+    cand = candidate.detach().cpu().to(torch.float64)
+    finite = torch.isfinite(eag) & torch.isfinite(cand)
+    eag, cand = eag[finite], cand[finite]
+    info = torch.finfo(eager.dtype)
+    scale = float(eag.square().mean().sqrt()) if eag.numel() else 0.0
+    eager_error = eager_relative * scale
+    floor = floor_ulps * info.eps * scale * math.sqrt(max(1, reduced))
+    allowed = (multiple - 1) * eager_error + floor + info.tiny
+    return OutputError(index, _rmse(eag, cand), eager_error, allowed, against="eager")
 
 
 # ops whose output value sums (or averages, or accumulates) many input values

@@ -16,11 +16,14 @@ from torch import fx
 
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
-from chain.isolation import Isolation, WeightWatch, fresh_copy
+from chain.fp64 import Later
+from chain.isolation import Isolation, WeightWatch, compile_copy, fresh_copy
 from chain.records import Attempt, Status
 from chain.verify import Verdict, compare, compare_writes
 from chain.worker import CompileTimeout as CompileTimeout  # re-exported: chain.attempt's
 from chain.worker import RunTimeout, within
+
+QUICK = "against eager within the recorded error bound"  # a remembered winner's check
 
 
 class Mismatch(Exception):
@@ -60,6 +63,10 @@ class Reference:
     wrote: frozenset[int] = frozenset()
     watch: WeightWatch | None = None
     reductions: tuple[int, ...] = ()  # per output: how many values it reduces over
+    # a remembered winner's check (chain.memory): eager's relative error per output as its
+    # decision recorded it, and the float64 run kept for when the quick check is not enough
+    recorded: tuple[float | None, ...] | None = None
+    later: Later | None = None
 
     @property
     def runnable(self) -> bool:
@@ -87,7 +94,7 @@ class Reference:
         values = list(example_inputs)
         for i in self.copied():
             if isinstance(values[i], torch.Tensor):
-                values[i] = fresh_copy(values[i])
+                values[i] = compile_copy(values[i])
         return values
 
     def name(self, i: int) -> str:
@@ -96,13 +103,37 @@ class Reference:
         return f"input {i} ({names[i]})" if i < len(names) else f"input {i}"
 
     def verdict(self, outputs: Any, inputs: Sequence[Any]) -> Verdict:
-        """A run's outputs and its effect on its copied `inputs` against eager's."""
-        verdict = compare(
-            self.outputs, outputs, self.tolerances, fp64=self.fp64, reductions=self.reductions
-        )
+        """A run's outputs and its effect on its copied `inputs` against eager's. With a
+        recorded error and no float64 run yet, a quick comparison with eager first; the
+        float64 rule judges whatever that does not clearly pass."""
+        fp64, basis, verdict = self.fp64, None, None
+        if fp64 is None and self.later is not None:
+            quick = compare(
+                self.outputs,
+                outputs,
+                self.tolerances,
+                reductions=self.reductions,
+                recorded=self.recorded,
+            )
+            if quick.reason is None:
+                basis, verdict = QUICK, quick
+            else:
+                fp64, basis = self.later.get()[0], f"float64 (quick check: {quick.reason})"
+        if verdict is None:
+            verdict = compare(
+                self.outputs, outputs, self.tolerances, fp64=fp64, reductions=self.reductions
+            )
         if verdict.reason is None:
             verdict = self.writes_verdict(inputs) or verdict
-        return verdict
+        return dataclasses.replace(verdict, basis=basis)
+
+    def resolved(self) -> tuple[Reference, str | None]:
+        """This reference with its float64 run done (for a selection after a remembered
+        winner failed), and the note when float64 could not run."""
+        if self.later is None:
+            return self, None
+        fp64, note = self.later.get()
+        return dataclasses.replace(self, fp64=fp64, later=None, recorded=None), note
 
     def writes_verdict(self, inputs: Sequence[Any]) -> Verdict | None:
         """A candidate's effect on its copied inputs against eager's (`compare_writes`)."""
@@ -238,6 +269,8 @@ def try_backend(
     if verdict.reason is not None and strict:
         raise Mismatch(f"{name}: {verdict.reason}")
     passed = verdict.reason is None
+    if verdict.basis is not None:
+        kw["details"] = {**details, "verified": verdict.basis}
     return Attempt(
         name,
         Status.WON if passed else Status.MISMATCH,

@@ -15,12 +15,12 @@ from torch import fx
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo, recompiles
-from chain.accuracy import reduction_lengths
+from chain.accuracy import reduction_lengths, relative_errors
 from chain.attempt import Reference, dynamo_signal, one_line, try_backend
 from chain.buckets import Buckets, BucketStats, Selection, ShapeKey
 from chain.buckets import remembered as bucket_memory
 from chain.concrete import concretize
-from chain.fp64 import fp64_reference
+from chain.fp64 import Later, fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import _FALLBACK, GuardedGraph
 from chain.isolation import Isolation
@@ -145,10 +145,10 @@ class Chain:
         if dynamo_kwargs:
             log.debug("chain ignores dynamo's arguments %s", sorted(dynamo_kwargs))
         inputs = list(example_inputs)
-        reference, notes = self._reference(gm, inputs)
+        recall = self.memory.recall(gm, inputs) if self.memory else None
+        reference, notes = self._reference(gm, inputs, recall.recorded if recall else None)
         if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
             notes.append(note)
-        recall = self.memory.recall(gm, inputs) if self.memory else None
         notes += recall.notes if recall else ()
         compiled = recompiles.current()
         record = GraphRecord(
@@ -176,6 +176,9 @@ class Chain:
                 attempts, eager = list(hit), None
                 fns = {a.backend: fn for a in hit if a.status is Status.WON and fn}
             else:
+                reference, note = reference.resolved()  # a selection: float64 runs now
+                if note:
+                    record = dataclasses.replace(record, notes=(*record.notes, note))
                 attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
         except Exception as exc:
             if dynamo_signal(exc):  # dynamo restarts this compile: the graph never ran
@@ -183,7 +186,9 @@ class Chain:
             raise
         record = self._finish(record, tuple(attempts), eager)
         stored = self.memory and recall and hit is None  # a selection ran: remember it
-        if stored and (note := self.memory.remember(recall, record)):  # type: ignore[union-attr]
+        fp64 = reference.fp64
+        errors = None if fp64 is None else relative_errors(fp64, reference.outputs)
+        if stored and (note := self.memory.remember(recall, record, errors)):  # type: ignore[union-attr]
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
         if recall is not None and (note := self._keep_artefact(recall, record, fns, gm, inputs)):
@@ -308,7 +313,7 @@ class Chain:
                 stats,
                 reverify_rate=self.reverify_rate if expected is not None else 0.0,
                 tolerances=self.tolerances,
-                fp64=reference.fp64 is not None,
+                fp64=reference.fp64 is not None or reference.later is not None,
                 weights=weights.check if weights is not None else None,
                 versioned=unparameters,
             )
@@ -477,10 +482,17 @@ class Chain:
             raise AllCandidatesFailed(record) from exc
         guard.switch(fns[record.winner], self._index(record.winner), record.winner)
 
-    def _reference(self, gm: fx.GraphModule, inputs: list[Any]) -> tuple[Reference, list[str]]:
+    def _reference(
+        self,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        recorded: tuple[float | None, ...] | None = None,
+    ) -> tuple[Reference, list[str]]:
         """Eager's outputs and the float64 ones to verify against, and notes on what limits
         verification. The chain runs the graph on concrete values (`chain.concrete`), every
         run on its own copies of all but the weights, which are watched (`chain.isolation`).
+        With `recorded` (a remembered decision's eager errors), float64 runs only if the
+        winner's quick check against eager needs it (`Reference.verdict`).
 
         Nothing is copied back to `inputs`: the callable the chain returns is called by
         dynamo (or by the guard, after a fallback) on the caller's real inputs, and that
@@ -522,12 +534,22 @@ class Chain:
                     f"eager's reference run {weights}: the chain could not see "
                     "that this graph writes it"
                 )
-            fp64, note = fp64_reference(gm, reference.inputs())
-            notes += [note] if note else []
+            fp64, later = None, None
+            if recorded is not None:  # a remembered winner: float64 only if it needs it
+                later = Later(gm, reference.inputs())
+            else:
+                fp64, note = fp64_reference(gm, reference.inputs())
+                notes += [note] if note else []
             after = {i: ran[i] for i in reference.copied() if isinstance(ran[i], torch.Tensor)}
             wrote = frozenset(i for i, x in after.items() if not unchanged(x, concrete.values[i]))
             reference = dataclasses.replace(
-                reference, outputs=outputs, fp64=fp64, after=after, wrote=wrote
+                reference,
+                outputs=outputs,
+                fp64=fp64,
+                after=after,
+                wrote=wrote,
+                recorded=recorded,
+                later=later,
             )
         return dataclasses.replace(reference, watch=watch), notes
 

@@ -13,6 +13,7 @@ back to dtype tolerances.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,3 +73,22 @@ def fp64_reference(gm: fx.GraphModule, inputs: Sequence[Any]) -> tuple[Any, str 
         return run_fp64(gm, inputs), None
     except Fp64Unavailable as exc:
         return None, f"no float64 reference ({exc}): verified with dtype tolerances"
+
+
+class Later:
+    """The float64 reference run on first need, once (under a lock: guards call from
+    threads). A remembered winner's verification needs it only when the quick comparison
+    with eager is not clearly within bounds (`chain.accuracy.near_eager`)."""
+
+    def __init__(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> None:
+        self._gm, self._inputs = gm, list(inputs)
+        self._lock = threading.Lock()
+        self._done: tuple[Any, str | None] | None = None
+
+    def get(self) -> tuple[Any, str | None]:
+        """The float64 outputs (None when they cannot be had) and the note on why not."""
+        with self._lock:
+            if self._done is None:
+                self._done = fp64_reference(self._gm, self._inputs)
+                self._inputs = []  # the copies are not needed again
+            return self._done

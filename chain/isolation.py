@@ -213,3 +213,21 @@ class Isolation:
 def fresh_copy(x: torch.Tensor) -> torch.Tensor:
     """A copy with the same values, layout (`clone` keeps strides) and requires_grad."""
     return x.detach().clone().requires_grad_(x.requires_grad)
+
+
+def compile_copy(x: torch.Tensor) -> torch.Tensor:
+    """A `fresh_copy` for a backend's compile that keeps what dynamo knows of `x`: its
+    symbolic context (static or symbolic sizes, and their source) in the tracing context.
+
+    Without it, a compiler that fakifies its inputs in dynamo's fake mode (inductor, through
+    aot_autograd) sees an unknown tensor, gives it fresh symbolic sizes in dynamo's shape
+    env with no source, compiles a dynamic kernel for a static graph, and its guards on
+    those sizes crash dynamo's guard building (`IndexError` in `produce_guards_verbose`).
+    """
+    from torch._guards import TracingContext
+
+    copy = fresh_copy(x)
+    context = TracingContext.try_get()
+    if context is not None and x in context.tensor_to_context:
+        context.tensor_to_context[copy] = context.tensor_to_context[x]
+    return copy

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from chain.accuracy import OutputError, output_error
+from chain.accuracy import OutputError, near_eager, output_error
 
 # (rtol, atol) per dtype, used only without a float64 reference: fp32 tight, low precision looser.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -30,6 +30,7 @@ class Verdict:
     reason: str | None
     max_abs_err: float | None
     worst: OutputError | None = None  # the output that used most of its allowance (fp64 rule)
+    basis: str | None = None  # how a remembered winner was verified (chain.attempt.QUICK...)
 
 
 def _as_tuple(out: Any) -> Any:
@@ -42,12 +43,15 @@ def compare(
     tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
     fp64: Any = None,
     reductions: Sequence[int] = (),
+    recorded: Sequence[float | None] | None = None,
 ) -> Verdict:
     """Match structure, shapes, dtypes and values; NaN/inf where eager has none is a mismatch.
 
     With `fp64` (the graph's float64 outputs, same structure as `expected`), floating values
     pass by the error rule; without it, under `tolerances` (default: TOLERANCES).
     `reductions`: per output, how many values it sums over (`chain.accuracy`; default 1).
+    `recorded` (without `fp64`): per output, eager's relative error against float64 as a
+    decision recorded it; floating outputs that have one pass by `near_eager` instead.
     """
     tol = TOLERANCES | (tolerances or {})
     exp_leaves, exp_spec = pytree.tree_flatten(_as_tuple(expected))
@@ -96,6 +100,17 @@ def compare(
         if isinstance(ref, torch.Tensor) and exp_c.is_floating_point():
             reduced = reductions[i] if i < len(reductions) else 1
             result = output_error(i, ref, exp_c, act_c, reduced=reduced)
+            if worst is None or result.severity > worst.severity:
+                worst = result
+            if not result.passed:
+                return Verdict(result.reason(), biggest, result)
+            continue
+        known = recorded[i] if recorded is not None and i < len(recorded) else None
+        if ref is None and recorded is not None and known is None:
+            return Verdict(f"output {i}: no recorded error to bound it by", biggest, worst)
+        if ref is None and known is not None and exp_c.is_floating_point():
+            reduced = reductions[i] if i < len(reductions) else 1
+            result = near_eager(i, exp_c, act_c, known, reduced=reduced)
             if worst is None or result.severity > worst.severity:
                 worst = result
             if not result.passed:

@@ -439,3 +439,135 @@ def test_a_second_process_compiles_only_the_winner(tmp_path: Path) -> None:
         assert after.winning_attempt.speedup == before.winning_attempt.speedup
         assert [a.status for a in after.attempts] == [a.status for a in before.attempts]
     assert {a.status for g in warm.graphs for a in g.attempts} <= {Status.WON, Status.SLOWER}
+
+
+# -- the one verification of a remembered winner --------------------------------------
+
+
+class _Drifts:
+    """A winner that computes like eager until `rel` is set, then every floating output is
+    off by that relative amount (a compiler that went wrong after its decision was stored)."""
+
+    __name__ = "drifts"
+
+    def __init__(self) -> None:
+        self.rel = 0.0
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        def run(*args: Any) -> Any:
+            outs = gm(*args)
+            return type(outs)(
+                o * (1 + self.rel) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                for o in outs
+            )
+
+        return run
+
+
+def _bert_records(backend: Any) -> list[Any]:
+    """A tiny transformers BertModel compiled afresh through `backend`, called at two input
+    shapes (one graph each); returns their records."""
+    from tests.models import tiny_bert
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, _ = tiny_bert()
+    model.eval()
+    fast = torch.compile(model, backend=backend, dynamic=False)
+    with torch.no_grad():
+        for shape in ((2, 8), (3, 12)):
+            ids = torch.randint(0, 100, shape)
+            got, want = fast(ids).last_hidden_state, model(ids).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    return backend.report.graphs[-2:]
+
+
+@pytest.fixture
+def fp64_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the chain ran a graph in float64 (one entry per run)."""
+    import chain.fp64 as fp64
+
+    runs: list[int] = []
+    real = fp64.run_fp64
+
+    def counting(gm: fx.GraphModule, inputs: Any) -> Any:
+        runs.append(1)
+        return real(gm, inputs)
+
+    monkeypatch.setattr(fp64, "run_fp64", counting)
+    return runs
+
+
+def test_a_remembered_winner_is_verified_by_one_eager_run(
+    tmp_path: Path, fp64_runs: list[int]
+) -> None:
+    """On a hit, the winner is compared with eager within what its decision recorded of
+    eager's own error: no float64 run unless that comparison is not clearly within bounds."""
+    drifts = _Drifts()
+    cold = _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    assert [r.winner for r in cold] == ["drifts", "drifts"]
+    assert len(fp64_runs) == 2  # selection: one float64 reference per graph
+    fp64_runs.clear()
+    warm = _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    assert all(_remembered(r) for r in warm), [r.notes for r in warm]
+    assert [r.winner for r in warm] == ["drifts", "drifts"]
+    assert fp64_runs == []
+    for record in warm:
+        won = record.winning_attempt
+        assert won.status is Status.WON
+        assert won.details["verified"] == "against eager within the recorded error bound"
+
+
+@pytest.mark.parametrize("rel", [1e-2, 1e-4])
+def test_a_remembered_winner_now_wrong_is_caught_on_its_first_call(
+    tmp_path: Path, fp64_runs: list[int], rel: float
+) -> None:
+    """A winner that returns wrong numbers now (off by `rel`, far above fp32 rounding) fails
+    the quick comparison, is judged by the float64 rule, and loses: selection runs anew."""
+    drifts = _Drifts()
+    _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    drifts.rel = rel
+    fp64_runs.clear()
+    warm = _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    assert [r.winner for r in warm] == ["eager", "eager"]
+    assert len(fp64_runs) == 2  # the float64 rule judged each graph
+    for record in warm:
+        assert not _remembered(record)
+        [note] = [n for n in record.notes if "remembered winner drifts failed now" in n]
+        assert "(mismatch: output 0: RMSE vs float64" in note, note
+        drifted = [a for a in record.attempts if a.backend == "drifts"]
+        assert drifted[-1].status is Status.MISMATCH
+
+
+# -- a compiler fakifies the chain's copies as dynamo's own inputs ----------------------
+
+
+def test_inductor_compiles_copied_inputs_with_dynamos_sizes() -> None:
+    """The chain hands backends copies of the activations; inductor must fakify them with
+    dynamo's symbolic context, not as unknown tensors with fresh symbolic sizes (which made
+    ConvNeXt under fastest crash in dynamo's guard building). Small ConvNeXt, two shapes."""
+    from torch._guards import TracingContext
+    from transformers import ConvNextConfig, ConvNextModel
+
+    backend = chain("inductor", "eager", memory=False)
+    unknown: list[list[str]] = []
+
+    def watched(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = backend(gm, example_inputs)
+        env = TracingContext.get().fake_mode.shape_env
+        names = [str(s.name) for sources in env.var_to_sources.values() for s in sources]
+        unknown.append([n for n in names if "unknown_tensor" in n])
+        return fn
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32)
+    model = ConvNextModel(config).eval()
+    fast = torch.compile(model, backend=watched, dynamic=False)
+    with torch.no_grad():
+        for shape in ((1, 3, 32, 32), (2, 3, 48, 48)):
+            x = torch.randn(shape)
+            got, want = fast(x).last_hidden_state, model(x).last_hidden_state
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert unknown == [[], []]
+    assert [g.winner for g in backend.report.graphs] != [None, None]

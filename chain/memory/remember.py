@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import socket
 import threading
@@ -38,6 +39,21 @@ class Recall:
     parts: dict[str, Any]
     decision: Decision | None
     notes: tuple[str, ...] = ()
+
+    @property
+    def recorded(self) -> tuple[float | None, ...] | None:
+        """Eager's relative error per output as the decision recorded it (None: no decision,
+        or one stored without them, or with values that are not non-negative numbers)."""
+        if self.decision is None:
+            return None
+        errors = self.decision.extra.get("eager_errors")
+        if not isinstance(errors, list):
+            return None
+        ok = all(
+            e is None or (isinstance(e, float | int) and math.isfinite(e) and e >= 0)
+            for e in errors
+        )
+        return tuple(None if e is None else float(e) for e in errors) if ok else None
 
 
 def _warn(message: str) -> None:
@@ -100,8 +116,12 @@ class Memory:
             return Recall(key, parts, None, (note,))
         return Recall(key, parts, decision)
 
-    def remember(self, recall: Recall, record: GraphRecord) -> str | None:
-        """Store the record's decision under the recall's key; a note when it could not be."""
+    def remember(
+        self, recall: Recall, record: GraphRecord, eager_errors: list[float | None] | None = None
+    ) -> str | None:
+        """Store the record's decision under the recall's key; a note when it could not be.
+        `eager_errors`: per output, eager's relative error against float64 in this selection:
+        what a warm start's quick check of the winner is bounded by (`Recall.recorded`)."""
         if recall.key is None or record.winner is None:
             return None
         store = self.store()
@@ -115,7 +135,11 @@ class Memory:
             decided_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             host=socket.gethostname(),
             pid=os.getpid(),
-            extra={"origin": record.origin, "fingerprint": record.fingerprint},
+            extra={
+                "origin": record.origin,
+                "fingerprint": record.fingerprint,
+                **({"eager_errors": eager_errors} if eager_errors is not None else {}),
+            },
         )
         try:
             store.put(recall.key, encode(recall.key, recall.parts, decision))
