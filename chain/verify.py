@@ -33,6 +33,16 @@ class Verdict:
     basis: str | None = None  # how a remembered winner was verified (chain.attempt.QUICK...)
 
 
+def channels_last(t: torch.Tensor) -> bool:
+    """A 4-d tensor laid out channels_last (and not also plain contiguous, as 1x1 maps are):
+    a winner must keep eager's layout, as the ops after it may depend on it for speed."""
+    return (
+        t.dim() == 4
+        and not t.is_contiguous()
+        and t.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
 def _as_tuple(out: Any) -> Any:
     return tuple(out) if isinstance(out, list) else out
 
@@ -44,6 +54,7 @@ def compare(
     fp64: Any = None,
     reductions: Sequence[int] = (),
     recorded: Sequence[float | None] | None = None,
+    layout: bool = True,
 ) -> Verdict:
     """Match structure, shapes, dtypes and values; NaN/inf where eager has none is a mismatch.
 
@@ -52,6 +63,7 @@ def compare(
     `reductions`: per output, how many values it sums over (`chain.accuracy`; default 1).
     `recorded` (without `fp64`): per output, eager's relative error against float64 as a
     decision recorded it; floating outputs that have one pass by `near_eager` instead.
+    `layout`: a channels_last output of eager's must be channels_last in `actual` too.
     """
     tol = TOLERANCES | (tolerances or {})
     exp_leaves, exp_spec = pytree.tree_flatten(_as_tuple(expected))
@@ -78,6 +90,9 @@ def compare(
             return Verdict(f"output {i}: shape {tuple(act.shape)} != {tuple(exp.shape)}", None)
         if exp.dtype != act.dtype:
             return Verdict(f"output {i}: dtype {act.dtype} != {exp.dtype}", None)
+        nhwc = torch.channels_last
+        if layout and channels_last(exp) and not act.is_contiguous(memory_format=nhwc):
+            return Verdict(f"output {i} is not channels_last as eager's is", None)
         exp_c, act_c = exp.detach().cpu(), act.detach().cpu()
         if not (exp_c.is_floating_point() or exp_c.is_complex()):
             if not torch.equal(exp_c, act_c):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from chain import Chain, Status, accuracy, chain, graphinfo
 from chain.fp64 import fp64_graph, run_fp64
-from chain.verify import compare
+from chain.verify import channels_last, compare
 from tests import faults
 from tests.models import build, build_extra
 
@@ -201,3 +201,38 @@ def test_new_inf_or_nan_is_a_mismatch_exact_ints_compared() -> None:
     assert "1 NaN value(s)" in str(compare(exact.float(), nan, fp64=exact).reason)
     ints = torch.arange(4)
     assert compare(ints, ints + (ints == 3), fp64=ints).reason == "output 0: 1 of 4 values differ"
+
+
+def test_a_winner_must_keep_eagers_channels_last_layout() -> None:
+    """Selection checks the layout the run-time watch checks: a candidate that returns a
+    plain-contiguous tensor where eager's is channels_last is a mismatch (before, it won and
+    was demoted on its first real call)."""
+    eager = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    assert compare(eager, eager.clone()).reason is None
+    verdict = compare(eager, eager.contiguous(), fp64=eager.double())
+    assert verdict.reason == "output 0 is not channels_last as eager's is"
+    ones = torch.randn(2, 3, 1, 1).contiguous(memory_format=torch.channels_last)
+    assert compare(ones, ones.contiguous()).reason is None  # 1x1 maps are both layouts at once
+
+
+@pytest.mark.slow
+def test_onnxruntime_keeps_convnexts_channels_last_output() -> None:
+    """A small ConvNeXt (transformers, random weights) at two image sizes (a static graph,
+    then a symbolic one): eager's last hidden state is channels_last; ONNX Runtime returns
+    it in that layout, so it wins each graph and is never demoted (before: it won, then was
+    demoted on its first real call for the layout)."""
+    pytest.importorskip("onnxruntime")
+    from transformers import ConvNextConfig, ConvNextModel
+
+    config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32)
+    model = ConvNextModel(config).eval()
+    c = chain("onnxruntime", "eager", measure=False)
+    compiled = torch.compile(model, backend=c)
+    with torch.no_grad():
+        for size in (32, 48, 40, 40):
+            x = torch.randn(2, 3, size, size)
+            got, want = compiled(x).last_hidden_state, model(x).last_hidden_state
+            torch.testing.assert_close(got, want)
+            assert channels_last(want) and channels_last(got)
+    assert [g.winner for g in c.report.graphs] == ["onnxruntime", "onnxruntime"]
+    assert not [f for g in c.report.graphs if g.watch for f in g.watch.failures]

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
 from backends import cancel
 from backends.common.fx_utils import refuse_training
@@ -87,6 +88,16 @@ def _output_nodes(gm: fx.GraphModule) -> tuple[list[object], bool]:
     return [out], True
 
 
+def _nhwc(value: torch.Tensor) -> bool:
+    """Whether an example output is channels_last (and not also contiguous), asked without
+    guards (`statically_known_true`: a symbolic size must not gain a guard): unknown is False."""
+    if value.dim() != 4:
+        return False
+    (_, c, h, w), (sn, sc, sh, sw) = value.shape, value.stride()
+    nhwc = all(map(known, (sc == 1, sw == c, sh == w * c, sn == h * w * c)))
+    return nhwc and not all(map(known, (sw == 1, sh == w, sc == h * w)))
+
+
 def _output_specs(outputs: Sequence[object]) -> list[OutputSpec]:
     """Shape/dtype of each output from the graph's example values; raise on non-tensors."""
     specs = []
@@ -101,7 +112,7 @@ def _output_specs(outputs: Sequence[object]) -> list[OutputSpec]:
         if not isinstance(value, torch.Tensor):
             raise Unsupported(f"graph output {k} is a {type(value).__name__}, not a tensor")
         static = all(isinstance(s, int) for s in value.shape)
-        specs.append(OutputSpec(tuple(value.shape) if static else None, value.dtype))
+        specs.append(OutputSpec(tuple(value.shape) if static else None, value.dtype, _nhwc(value)))
     return specs
 
 

@@ -94,6 +94,10 @@ class GraphedOrtRunner:
             )  # fmt: skip
             self._inputs.append((i, static))
         self._outputs: list[torch.Tensor] = []
+        self._formats = tuple(  # each clone in eager's layout: channels_last costs nothing more
+            torch.channels_last if spec.channels_last else torch.contiguous_format
+            for spec in outputs
+        )
         for name, spec in zip(graph.output_names, outputs, strict=True):
             if spec.shape is None or spec.dtype is None:
                 raise Unsupported(f"output {name} has no static shape to bind at a fixed address")
@@ -134,7 +138,9 @@ class GraphedOrtRunner:
         if current.cuda_stream != self._stream:
             current.synchronize()  # ORT runs on another stream: let the copies land first
         self.session.run_with_iobinding(self._binding)  # ORT syncs its stream on return
-        outs = tuple(o.clone() for o in self._outputs)
+        outs = tuple(
+            o.clone(memory_format=f) for o, f in zip(self._outputs, self._formats, strict=True)
+        )
         return outs[0] if self._single else outs
 
 

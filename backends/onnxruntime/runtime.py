@@ -44,10 +44,14 @@ class FrozenWeightChanged(RuntimeError):
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """What torch allocates for a bound output on CUDA: None shape when not static."""
+    """What torch allocates for a bound output on CUDA: None shape when not static.
+
+    `channels_last`: eager's output is laid out channels_last (ONNX Runtime writes plain
+    contiguous memory, so the runner converts it: a winner keeps eager's layout)."""
 
     shape: tuple[int, ...] | None
     dtype: torch.dtype | None
+    channels_last: bool = False
 
 
 _version = torch._C.TensorBase._version.__get__  # the C getter, mapped over many tensors
@@ -137,6 +141,7 @@ class OrtRunner:
         self._device = device
         self._outputs = tuple(outputs)
         self._single = single_output
+        self._channels_last = tuple(k for k, o in enumerate(self._outputs) if o.channels_last)
         self._rebuild = rebuild
         self._on_change = on_weight_change
         self._stream = stream
@@ -209,6 +214,8 @@ class OrtRunner:
             for k, i in self._mutated:
                 args[i].copy_(outs[k])
             del outs[-len(self._mutated) :]
+        for k in self._channels_last:
+            outs[k] = outs[k].contiguous(memory_format=torch.channels_last)
         return outs[0] if self._single else tuple(outs)
 
     def _check_frozen(self, args: Sequence[Any], got: Sequence[Any]) -> None:

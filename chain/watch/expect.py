@@ -27,6 +27,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from chain.verify import channels_last
+
 Dim = int | Callable[[Sequence[Any]], int] | None  # fixed, from this call's args, unchecked
 
 
@@ -191,9 +193,7 @@ class Expected:
                         for j in self.watched
                         if inputs[j].dtype == out.dtype and inputs[j].device == out.device
                     ),
-                    channels_last=out.dim() == 4
-                    and not out.is_contiguous()
-                    and out.is_contiguous(memory_format=torch.channels_last),
+                    channels_last=channels_last(out),
                     finite_cpu=out.device.type == "cpu"
                     and out.is_floating_point()
                     and _finite(out),
