@@ -42,11 +42,26 @@ def test_same_graph_same_key() -> None:
         {"settings": {**SETTINGS, "workspace_size": 1 << 20}},
         {"trt_version": "11.0.0"},
         {"device_name": "NVIDIA A10G"},
+        {"toolchain": {"torch": "2.99.0", "onnx": None}},
     ],
 )
 def test_different_inputs_settings_version_or_gpu_change_the_key(change: dict) -> None:
     block = _block(torch.arange(6.0))
     assert _key(block, **change) != _key(block)
+
+
+def test_the_installed_toolchain_is_in_the_key() -> None:
+    """By default the key holds the installed torch, exporter and backend-chain versions:
+    an upgrade of any of them misses instead of loading an engine built by the old one."""
+    from backends.tensorrt.conversion.cache import toolchain_versions
+
+    found = toolchain_versions()
+    assert found["torch"] == torch.__version__
+    assert set(found) == {"torch", "onnx", "onnxscript", "backend-chain"}
+    block = _block(torch.arange(6.0))
+    assert _key(block) == _key(block, toolchain=found)
+    for package in found:
+        assert _key(block, toolchain={**found, package: "0.0.0"}) != _key(block), package
 
 
 def test_different_weights_or_structure_change_the_key() -> None:

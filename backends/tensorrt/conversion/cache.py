@@ -1,13 +1,17 @@
 """Engine and timing caches on disk, keyed so that a hit is always the right engine.
 
 The key hashes the block's code (graph structure), its constants (weights), the input
-specs, the build settings, the TensorRT version and the GPU name. Writes are atomic
+specs, the build settings, the TensorRT version, the GPU name and the versions of what
+made the engine's input (torch, the ONNX exporter's packages, backend-chain): an upgrade of
+any of them is a miss, never a stale engine. Writes are atomic
 (temporary file + os.replace); a corrupt entry is a warning and a miss, never a crash.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import warnings
@@ -23,7 +27,20 @@ from backends.common.files import atomic_write
 from backends.common.payload import TensorSpec
 
 logger = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2  # 2: toolchain versions in the key
+TOOLCHAIN = ("torch", "onnx", "onnxscript", "backend-chain")
+
+
+@functools.cache
+def toolchain_versions() -> dict[str, str | None]:
+    """The installed versions of what turns a graph into the engine's ONNX input (None: absent)."""
+    found: dict[str, str | None] = {}
+    for package in TOOLCHAIN:
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
 
 
 def cache_key(
@@ -32,11 +49,14 @@ def cache_key(
     settings: Mapping[str, Any],
     trt_version: str,
     device_name: str,
+    toolchain: Mapping[str, str | None] | None = None,
 ) -> str:
-    """A hex digest naming the engine built from exactly these ingredients."""
+    """A hex digest naming the engine built from exactly these ingredients (`toolchain`:
+    package versions, default `toolchain_versions()`)."""
     digest = hashlib.sha256()
     header = {
         "format": FORMAT,
+        "toolchain": dict(sorted((toolchain or toolchain_versions()).items())),
         "code": block.code,
         "inputs": [asdict(s) for s in inputs],
         "settings": dict(sorted(settings.items())),
