@@ -196,3 +196,59 @@ def test_a_second_process_exports_nothing(tmp_path: Path) -> None:
     for graph in warm.graphs:
         assert _loaded(graph), graph.notes
         assert graph.winning_attempt.details["from_artefact"] is True
+
+
+def test_eight_threads_make_the_first_warm_call_together(
+    tmp_path: Path, exports: list[int]
+) -> None:
+    """A tiny BertModel whose decisions and ONNX artefacts are stored (lengths 8 then 12: a
+    static and a symbolic graph): in a fresh compile, 8 threads make the first call at once,
+    then the second length at once. Nothing raises, every answer equals eager's, nothing is
+    exported again, and each graph's winner was built from its artefact (dynamo compiles a
+    frame once per thread that missed its cache: each of those compiles is a warm hit)."""
+    import threading
+
+    from tests.models import tiny_bert
+
+    torch.manual_seed(0)
+    model, _ = tiny_bert()
+    model.eval()
+    ids = {n: torch.randint(0, 100, (2, n)) for n in (8, 12)}
+    with torch.no_grad():
+        want = {n: model(x).last_hidden_state for n, x in ids.items()}
+        cold = _ort(tmp_path)
+        compiled = torch.compile(model, backend=cold)
+        for n in (8, 12):
+            compiled(ids[n])
+    cold_exports = len(exports)
+    assert [g.winner for g in cold.report.graphs] == ["onnxruntime", "onnxruntime"]
+
+    torch._dynamo.reset()
+    warm = _ort(tmp_path)
+    compiled = torch.compile(model, backend=warm)
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+
+    def call() -> None:
+        try:
+            for n in (8, 12):
+                barrier.wait()
+                with torch.no_grad():
+                    got = compiled(ids[n]).last_hidden_state
+                if not torch.allclose(got, want[n], atol=1e-5, rtol=1e-4):
+                    wrong.append(f"length {n}: max err {(got - want[n]).abs().max():.3g}")
+        except BaseException as exc:  # recorded: the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    assert not wrong, wrong
+    assert len(exports) == cold_exports  # the warm start exported nothing
+    graphs = warm.report.graphs  # dynamo may compile a frame once per thread that missed it
+    assert len(graphs) >= 2 and {g.winner for g in graphs} == {"onnxruntime"}
+    assert all(_loaded(g) for g in graphs), [g.notes for g in graphs]
