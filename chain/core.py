@@ -582,7 +582,9 @@ class Chain:
                 reference,
                 options=self.options.get(backend.name, {}),
                 max_retries=self.max_retries,
-                timeout_s=self.compile_timeout_s,
+                # eager is the floor: abandoning its run leaves nothing to fall back on, and
+                # the reference already ran the same graph to its end on this thread
+                timeout_s=None if compiler.name == EAGER else self.compile_timeout_s,
                 strict=self.strict,
             )
 

@@ -53,13 +53,15 @@ class RunTimeout(Abandoned):
 
 @dataclass
 class Progress:
-    """The call in flight in a stage of many calls (timing): the deadline counts per call."""
+    """The call in flight in a stage of many calls (timing): the deadline counts per call,
+    except for a call that is not `bounded` (eager's own: the floor is never abandoned)."""
 
     name: str = ""
     since: float = field(default_factory=time.perf_counter)
+    bounded: bool = True
 
-    def start(self, name: str) -> None:
-        self.name, self.since = name, time.perf_counter()
+    def start(self, name: str, bounded: bool = True) -> None:
+        self.name, self.since, self.bounded = name, time.perf_counter(), bounded
 
 
 @dataclass(frozen=True)
@@ -128,9 +130,13 @@ def within(
         while True:
             since = progress.since if progress is not None else start
             left = since + timeout_s - time.perf_counter()
+            if progress is not None and not progress.bounded:
+                left = timeout_s  # look again then: the next call may have a deadline
             done, _ = concurrent.futures.wait([future], timeout=max(left, 0.0))
             if done:
                 return future.result()
+            if progress is not None and not progress.bounded:
+                continue  # a call without deadline in flight: wait for it (or the next)
             if progress is None or progress.since == since:
                 break  # no result, and no call returned meanwhile
     except BaseException:  # KeyboardInterrupt: stop the worker's next steps, then propagate
