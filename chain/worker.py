@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from torch import _guards
 from torch._guards import CompileContext, TracingContext, compile_context
 from torch._guards import tracing as tracing_context
 
@@ -93,10 +94,27 @@ class ThreadState:
             torch.inference_mode(self.inference),
             torch.set_grad_enabled(self.grad),
             compile_context(self.compiling),
-            tracing_context(self.tracing),
+            _borrowed(self.tracing),
             torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(),
         ):
             yield
+
+
+@contextlib.contextmanager
+def _borrowed(context: TracingContext | None) -> Iterator[None]:
+    """The caller's TracingContext on this thread, given back on exit without torch's
+    `tracing()` exit: that cleans up the context's ShapeEnv, which the caller's compile owns
+    and still uses (an abandoned worker ends whenever it ends)."""
+    if not hasattr(_guards, "_TLS"):  # torch moved it: its own context manager then
+        with tracing_context(context):
+            yield
+        return
+    previous = TracingContext.try_get()
+    _guards._TLS.tracing_context = context
+    try:
+        yield
+    finally:
+        _guards._TLS.tracing_context = previous
 
 
 def within(

@@ -312,3 +312,28 @@ def test_eager_slower_than_the_timeout_still_answers() -> None:
         assert graph.winner == "eager", graph.attempts
         eager = graph.winning_attempt
         assert eager.latency_ms is not None and eager.latency_ms >= STALL_S * 1000 * 0.9
+
+
+def test_a_stage_leaves_the_callers_shape_env_to_the_caller() -> None:
+    """A stage runs under the caller's TracingContext. Before: leaving it on the worker ran
+    torch's `tracing()` exit, `shape_env.cleanup()`, on the caller's live ShapeEnv (from an
+    abandoned worker: whenever it ended, while the caller's compile went on with it)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from chain.worker import CompileTimeout, within
+
+    shape_env = ShapeEnv()
+    fake = FakeTensorMode(shape_env=shape_env)
+    sym = shape_env.create_unbacked_symint()
+    assert sym.node.expr in shape_env.var_to_stack
+    context = TracingContext(fake)
+    seen: list[TracingContext | None] = []
+    with tracing(context):
+        got = within(
+            lambda: seen.append(TracingContext.try_get()) or 7, 5.0, CompileTimeout, "in a test"
+        )
+        assert got == 7 and seen == [context]
+        assert TracingContext.try_get() is context
+        assert shape_env.var_to_stack[sym.node.expr].tb is not None  # still the caller's
