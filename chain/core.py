@@ -282,7 +282,10 @@ class Chain:
                 reverify_rate=self.reverify_rate if expected is not None else 0.0,
                 tolerances=self.tolerances,
                 fp64=reference.fp64 is not None,
-                weights=weights.check if weights is not None else None,
+                # WeightsDamaged names the backend: "<winner>, the winner (at run time, call n)"
+                weights=(lambda who: weights.check(f"{winner}, {who}"))
+                if weights is not None
+                else None,
                 versioned=unparameters,
             )
 
