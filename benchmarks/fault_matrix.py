@@ -227,8 +227,9 @@ the fault strikes from the runner's 2nd call after selection, and call 2 is alwa
 re-verified, so it is caught at the damaging call itself; under 8 threads at the first
 re-verified call among those in flight. A fault that is only wrong in value (`wrong`) is
 likewise caught at the next sampled re-verification (calls 2, 4, 8, ..., then at
-reverify_rate={rate} of run time): calls of other threads already in flight beside it
-return the wrong answer (`threads` column); `--reverify-rate 1` re-verifies every call.
+reverify_rate={rate} of run time): calls of other threads in flight beside the first
+wrong one can return the wrong answer before the demotion (`threads`: 5 of 17 calls in one
+run of two, 0 in the other); `--reverify-rate 1` re-verifies every call.
 Shape, dtype, NaN and aliasing faults are caught on every call (the cheap checks)."""
 
 
