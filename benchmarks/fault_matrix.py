@@ -21,6 +21,7 @@ not: run-time calls have no timeout (README, "What cannot be interrupted").
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from chain import chain
 from chain.bench import zoo
+from chain.isolation import WeightsDamaged
+from chain.watch import InputsWritten
 
 PLACES = ("compile", "first", "timing", "later", "threads")
 HANG_S = 30.0
@@ -108,6 +111,20 @@ def faulty(fault: str, place: str) -> Callable[..., Any]:
     return backend
 
 
+PRESCRIBED = ("weights", "scribble")  # write to the weights (scribble: the int buffers too)
+
+
+def _prescribed(fault: str, place: str, exc: BaseException) -> str:
+    """A WeightsDamaged / InputsWritten cell: the issue's prescribed error when the weights
+    were damaged at run time (no copy is kept once a winner runs) and it names the backend."""
+    text = str(exc)
+    call = re.search(r"call (\d+)", text)
+    named = text.startswith("faulty")
+    if fault in PRESCRIBED and place in ("later", "threads") and named and call:
+        return f"prescribed: {type(exc).__name__} naming faulty, at call {call.group(1)}"
+    return f"RAISED {type(exc).__name__}: {text.splitlines()[0][:80]}"
+
+
 def cell(fault: str, place: str, timeout: float, rate: float, calls: int) -> str:
     """One cell's outcome in words."""
     if fault == "hang" and place in ("later", "threads"):
@@ -152,6 +169,8 @@ def cell(fault: str, place: str, timeout: float, rate: float, calls: int) -> str
                 wrong.append(f"{bad}/{len(results)} wrong at {zoo.describe('bert', shape)}")
             if not torch.equal(ids, kept):
                 wrong.append("input ids changed")
+    except (WeightsDamaged, InputsWritten) as exc:  # the issue's prescribed error, if it is one
+        return _prescribed(fault, place, exc)
     except BaseException as exc:  # the cell's verdict: nothing may escape the model call
         return f"RAISED {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
     finally:
@@ -194,7 +213,24 @@ def main(argv: list[str] | None = None) -> int:
             torch._dynamo.reset()
             row.append(cell(fault, place, args.timeout, args.reverify_rate, args.calls))
         print(f"| {fault} | {' | '.join(row)} |", flush=True)
+    print(NOTES.format(rate=args.reverify_rate))
     return 0
+
+
+NOTES = """
+Notes. "prescribed": the weights were changed in place at run time (after selection no
+copy of them is kept: a GPU model may not fit twice), so no backend can run on them; the
+call raises WeightsDamaged naming the backend (`faulty, the winner (at run time, call N)`),
+as the issue prescribes, and the graph moves on to the next backend for later calls. The
+damage is caught at the next sampled re-verification (it reads the weights' fingerprints):
+the fault strikes from the runner's 2nd call after selection, and call 2 is always
+re-verified, so it is caught at the damaging call itself; under 8 threads at the first
+re-verified call among those in flight. A fault that is only wrong in value (`wrong`) is
+likewise caught at the next sampled re-verification (calls 2, 4, 8, ..., then at
+reverify_rate={rate} of run time): calls of other threads in flight beside the first
+wrong one can return the wrong answer before the demotion (`threads`: 5 of 17 calls in one
+run of two, 0 in the other); `--reverify-rate 1` re-verifies every call.
+Shape, dtype, NaN and aliasing faults are caught on every call (the cheap checks)."""
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from rich.console import Console
 
+from chain import json_fields as jf
 from chain.columns import printable
 from chain.records import FAILURES
 from chain.report import Report, ReportError
@@ -32,7 +32,7 @@ def _report(args: argparse.Namespace) -> int:
             failures = {s.value for s in FAILURES}
             for g in data["graphs"]:
                 g["attempts"] = [a for a in g["attempts"] if a["status"] in failures]
-        print(json.dumps(data, indent=2))
+        print(jf.dumps(data, indent=2))
     elif args.format == "markdown":
         print(report.to_markdown(args.failures), end="")
     elif args.format == "csv":

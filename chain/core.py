@@ -314,7 +314,10 @@ class Chain:
                 reverify_rate=self.reverify_rate if expected is not None else 0.0,
                 tolerances=self.tolerances,
                 fp64=reference.fp64 is not None or reference.later is not None,
-                weights=weights.check if weights is not None else None,
+                # WeightsDamaged names the backend: "<winner>, the winner (at run time, call n)"
+                weights=(lambda who: weights.check(f"{winner}, {who}"))
+                if weights is not None
+                else None,
                 versioned=unparameters,
             )
 
@@ -631,7 +634,9 @@ class Chain:
                 reference,
                 options=self.options.get(backend.name, {}),
                 max_retries=self.max_retries,
-                timeout_s=self.compile_timeout_s,
+                # eager is the floor: abandoning its run leaves nothing to fall back on, and
+                # the reference already ran the same graph to its end on this thread
+                timeout_s=None if compiler.name == EAGER else self.compile_timeout_s,
                 strict=self.strict,
             )
 

@@ -3,6 +3,7 @@ wrong answer, one fallback at a time."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,9 +11,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import fx
 
-from backends.errors import BackendExit
+from backends.errors import BackendExit, one_line
 from chain.isolation import WeightsDamaged
 from chain.watch import Demoted, InputsWritten, Watch
+
+log = logging.getLogger("chain")
 
 if TYPE_CHECKING:
     from chain.buckets import Buckets
@@ -189,7 +192,16 @@ class GuardedGraph:
         watch = active.watch
         name = self.chain.backend_name(active.backend_index)
         if isinstance(exc, WeightsDamaged):  # no backend can run on them: say so, loudly
-            self._fall_back(active, exc, args)
+            try:
+                self._fall_back(active, exc, args)
+            except Exception as also:  # re-selected on damaged weights (that other threads'
+                # calls may still be damaging): the weights stay the error to report
+                log.warning(
+                    "graph %d: no backend re-selected after %s: %s",
+                    self.graph_id,
+                    type(exc).__name__,
+                    one_line(also),
+                )
             raise exc
         if isinstance(exc, Demoted) and watch is not None:
             watch.stats.failures.append(f"{name} {exc}")

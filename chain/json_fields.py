@@ -3,6 +3,8 @@ type with a TypeError that names the field and shows the value shortened."""
 
 from __future__ import annotations
 
+import json
+import math
 import reprlib
 from typing import Any
 
@@ -10,6 +12,27 @@ _short = reprlib.Repr()
 _short.maxstring = _short.maxother = 60
 _short.maxlist = _short.maxdict = 4
 _short.maxlevel = 2
+
+
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def standard(value: Any) -> Any:
+    """`value` with every NaN or infinite float, at any depth, as the string "NaN",
+    "Infinity" or "-Infinity": bare NaN / Infinity are not JSON (strict readers refuse them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: standard(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [standard(v) for v in value]
+    return value
+
+
+def dumps(data: Any, **kwargs: Any) -> str:
+    """Standard JSON of `data` (non-finite floats as strings, `standard`); kwargs as
+    `json.dumps` takes them."""
+    return json.dumps(standard(data), allow_nan=False, **kwargs)
 
 
 def short(value: Any) -> str:

@@ -61,23 +61,28 @@ def tolerances(value: Any) -> dict[torch.dtype, tuple[float, float]]:
     if not isinstance(value, Mapping):
         raise BadValue("a dict {dtype: (rtol, atol)}")
     out: dict[torch.dtype, tuple[float, float]] = {}
-    pair = number(low=0)
     for key, tol in value.items():
         dtype = _dtype(key)
         try:
             rtol, atol = tol
-            out[dtype] = (float(pair(rtol)), float(pair(atol)))
+            out[dtype] = (float(RTOL(rtol)), float(ATOL(atol)))
         except (TypeError, ValueError):
             raise BadValue(
-                f"(rtol, atol) pairs of finite numbers >= 0; {key!r}: {tol!r} is not one"
+                f"(rtol, atol) pairs: rtol from 0 to 1, atol from 0 to {MAX_ATOL:g}; "
+                f"{key!r}: {tol!r} is not one"
             ) from None
     return out
 
 
+MAX_ATOL = 1e6
+# rtol above 1 accepts an answer twice the right one: a typo (1e3 for 1e-3), never a setting
+RTOL, ATOL = number(low=0, high=1), number(low=0, high=MAX_ATOL)
+
+
 def path(value: Any) -> Any:
-    """A file path: str or os.PathLike."""
-    if not isinstance(value, str | os.PathLike):
-        raise BadValue("a path (str or os.PathLike)")
+    """A file path: str or os.PathLike, not empty."""
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise BadValue("a non-empty path (str or os.PathLike)")
     return value
 
 
@@ -106,6 +111,8 @@ def store(value: Any) -> Any:
     if not isinstance(value, str | os.PathLike):
         raise BadValue("a directory or a redis://host:port/db URL")
     text = os.fspath(value)
+    if not text:
+        raise BadValue("a directory or a redis://host:port/db URL, not empty")
     if "://" in text and not text.startswith(("redis://", "rediss://", "unix://")):
         raise BadValue(f"a directory or a redis://host:port/db URL; {text!r} is neither")
     return value

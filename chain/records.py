@@ -59,9 +59,13 @@ _NUMBERS = (
 
 
 def number(value: Any, what: str) -> float | None:
-    """`value` as read from JSON if it is a number or null; TypeError naming `what` if not."""
+    """`value` as read from JSON if it is a number or null ("NaN", "Infinity" and
+    "-Infinity" as the writer spells them, `json_fields.standard`); TypeError naming `what`
+    if not."""
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
         return value
+    if isinstance(value, str) and value in jf.NON_FINITE:
+        return jf.NON_FINITE[value]
     raise TypeError(f"{what} should be a number or null, got {jf.short(value)}")
 
 

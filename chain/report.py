@@ -16,6 +16,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from backends.common.files import atomic_write
+from chain import json_fields as jf
 from chain.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
 from chain.json_fields import deeper_than, short
 from chain.records import FAILURES, Attempt, GraphRecord, Status
@@ -136,7 +137,7 @@ def _read(path: str | os.PathLike[str]) -> bytes:
 
 
 def _parse(path: str | os.PathLike[str], raw: bytes) -> Any:
-    """JSON from `raw`; NaN and Infinity are read (the writer emits them for such figures)."""
+    """JSON from `raw`; bare NaN and Infinity are still read (older writers emitted them)."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -176,11 +177,14 @@ class Report:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": VERSION,
-            "graphs": [g.to_dict() for g in self.graphs],
-            "summary": self.summary(),
-        }
+        """The report as standard JSON values: a NaN or infinite figure as a string."""
+        return jf.standard(
+            {
+                "version": VERSION,
+                "graphs": [g.to_dict() for g in self.graphs],
+                "summary": self.summary(),
+            }
+        )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write JSON atomically: a crash leaves the old file or the new one, never half.
@@ -192,7 +196,7 @@ class Report:
         if not target.parent.is_dir():
             target.parent.mkdir(parents=True, exist_ok=True)
             log.warning("Report.save: created the missing directory %s", target.parent)
-        return atomic_write(target, json.dumps(self.to_dict(), indent=2, default=str))
+        return atomic_write(target, jf.dumps(self.to_dict(), indent=2, default=str))
 
     def save_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (chain.look.html)."""

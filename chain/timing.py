@@ -83,11 +83,15 @@ def median_ci(values: Sequence[float], z: float = Z) -> tuple[float, float]:
 
 
 def _call(
-    name: str, fn: Callable[..., Any], inputs: Sequence[Any], watch: Progress | None = None
+    name: str,
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    watch: Progress | None = None,
+    baseline: str | None = None,
 ) -> None:
     if watch is not None:  # under a deadline per call: say which call is in flight, since when
         cancel.checkpoint()  # abandoned: stop rather than keep calling every candidate
-        watch.start(name)
+        watch.start(name, bounded=name != baseline)  # eager's calls: the floor, no deadline
     try:
         fn(*inputs)
     except Exception as exc:
@@ -126,6 +130,8 @@ def measure(
 
     `stall_s`: the longest any one call may take (compile_timeout_s); the timing then runs
     in a worker thread (chain.worker) and a call that overruns it is a TimingError of its fn.
+    The baseline's calls (eager, the floor) have no deadline: abandoning them leaves no
+    fallback, and the reference already ran the graph to its end.
     """
     if baseline not in fns:
         raise ValueError(f"baseline {baseline!r} is not among {sorted(fns)}")
@@ -169,10 +175,10 @@ def _measure(
         calls: dict[str, int] = {}
         for name, fn in fns.items():
             for _ in range(warmup):
-                _call(name, fn, inputs, watch)
+                _call(name, fn, inputs, watch, baseline)
             sync()
             start = time.perf_counter()
-            _call(name, fn, inputs, watch)
+            _call(name, fn, inputs, watch, baseline)
             sync()
             once = time.perf_counter() - start
             calls[name] = max(1, min(1000, math.ceil(block_s / max(once, 1e-7))))
@@ -182,11 +188,13 @@ def _measure(
             rng.shuffle(order)
             for name in order:
                 fn = fns[name]
-                _call(name, fn, inputs, watch)  # lead-in: pays for the switch from another runtime
+                _call(
+                    name, fn, inputs, watch, baseline
+                )  # lead-in: pays for the switch from another runtime
                 sync()
                 start = time.perf_counter()
                 for _ in range(calls[name]):
-                    _call(name, fn, inputs, watch)
+                    _call(name, fn, inputs, watch, baseline)
                 sync()
                 samples[name].append((time.perf_counter() - start) / calls[name])
             if rounds >= min_rounds and (

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from torch import _guards
 from torch._guards import CompileContext, TracingContext, compile_context
 from torch._guards import tracing as tracing_context
 
@@ -53,13 +54,15 @@ class RunTimeout(Abandoned):
 
 @dataclass
 class Progress:
-    """The call in flight in a stage of many calls (timing): the deadline counts per call."""
+    """The call in flight in a stage of many calls (timing): the deadline counts per call,
+    except for a call that is not `bounded` (eager's own: the floor is never abandoned)."""
 
     name: str = ""
     since: float = field(default_factory=time.perf_counter)
+    bounded: bool = True
 
-    def start(self, name: str) -> None:
-        self.name, self.since = name, time.perf_counter()
+    def start(self, name: str, bounded: bool = True) -> None:
+        self.name, self.since, self.bounded = name, time.perf_counter(), bounded
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,27 @@ class ThreadState:
             torch.inference_mode(self.inference),
             torch.set_grad_enabled(self.grad),
             compile_context(self.compiling),
-            tracing_context(self.tracing),
+            _borrowed(self.tracing),
             torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(),
         ):
             yield
+
+
+@contextlib.contextmanager
+def _borrowed(context: TracingContext | None) -> Iterator[None]:
+    """The caller's TracingContext on this thread, given back on exit without torch's
+    `tracing()` exit: that cleans up the context's ShapeEnv, which the caller's compile owns
+    and still uses (an abandoned worker ends whenever it ends)."""
+    if not hasattr(_guards, "_TLS"):  # torch moved it: its own context manager then
+        with tracing_context(context):
+            yield
+        return
+    previous = TracingContext.try_get()
+    _guards._TLS.tracing_context = context
+    try:
+        yield
+    finally:
+        _guards._TLS.tracing_context = previous
 
 
 def within(
@@ -128,9 +148,13 @@ def within(
         while True:
             since = progress.since if progress is not None else start
             left = since + timeout_s - time.perf_counter()
+            if progress is not None and not progress.bounded:
+                left = timeout_s  # look again then: the next call may have a deadline
             done, _ = concurrent.futures.wait([future], timeout=max(left, 0.0))
             if done:
                 return future.result()
+            if progress is not None and not progress.bounded:
+                continue  # a call without deadline in flight: wait for it (or the next)
             if progress is None or progress.since == since:
                 break  # no result, and no call returned meanwhile
     except BaseException:  # KeyboardInterrupt: stop the worker's next steps, then propagate

@@ -146,9 +146,35 @@ def test_weights_changed_behind_the_version_counter_at_run_time_raise_weights_da
     with torch.no_grad():
         compiled(ids)  # the guard's call 1 is not re-verified; the fault strikes already
         # call 2 is re-verified: the weights' fingerprints changed and no copy is kept
-        with pytest.raises(WeightsDamaged, match=r"the winner \(at run time, call 2\) changed"):
+        with pytest.raises(WeightsDamaged, match=r"^late, the winner \(at run time, call 2\)"):
             compiled(ids)
     graph = backend.report.graphs[0]
     assert graph.attempts[0].status is Status.RUNTIME_ERROR, graph.attempts[0]
     assert "WeightsDamaged" in graph.attempts[0].reason
     assert graph.winner == "eager"
+
+
+def test_weights_damaged_stays_the_error_when_the_fall_back_fails_on_them() -> None:
+    """Under threads, other calls of the winner may still damage the weights while the
+    chain re-selects on them: eager's run then sees them change and the re-selection fails.
+    Before: that call raised AllCandidatesFailed, hiding WeightsDamaged (fault matrix,
+    weights x threads). Here the re-selection is made to fail so, deterministically."""
+    from chain.core import AllCandidatesFailed
+
+    model, _ = build_extra("bert")
+    backend = chain(strikes_after(1, _scale_weight_quietly), "eager", measure=False)
+    reselect = backend.fall_back
+
+    def fails(guard: Any, exc: Exception, args: tuple[Any, ...]) -> None:
+        try:
+            reselect(guard, exc, args)
+        finally:
+            raise AllCandidatesFailed(backend.report.graphs[guard.graph_id])
+
+    backend.fall_back = fails  # type: ignore[method-assign]
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    ids = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        compiled(ids)
+        with pytest.raises(WeightsDamaged, match=r"^late, the winner \(at run time, call 2\)"):
+            compiled(ids)

@@ -65,6 +65,14 @@ from tests.models import build
         ({"tolerances": {"flaot32": (1e-3, 1e-3)}}, ["'flaot32'", "did you mean 'float32'"]),
         ({"tolerances": {torch.float32: 1e-3}}, ["(rtol, atol) pairs", "0.001"]),
         ({"tolerances": [(1e-3, 1e-3)]}, ["a dict {dtype: (rtol, atol)}"]),
+        ({"tolerances": {"float32": (1e3, 1e-3)}}, ["rtol from 0 to 1", "(1000.0, 0.001)"]),
+        ({"tolerances": {"float32": (1e-3, 1e9)}}, ["atol from 0 to 1e+06"]),
+        ({"report_path": ""}, ["report_path=''", "a non-empty path"]),
+        ({"store": ""}, ["store=''", "a directory or a redis://host:port/db URL"]),
+        ({"reverify_rate": 1.5}, ["reverify_rate=1.5", "a number >= 0 and <= 1"]),
+        ({"reverify_rate": float("nan")}, ["reverify_rate=nan", "a number >= 0 and <= 1"]),
+        ({"options": {"onnxruntime": {"intra_op_num_threads": 10**6}}}, ["x the", "cores"]),
+        ({"options": {"inductor": {"compile_threads": 10**6}}}, ["compile_threads=1000000"]),
     ],
 )
 def test_bad_options_fail_at_chain_time_with_what_is_valid(

@@ -346,3 +346,37 @@ def test_bench_flags_are_bounded(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}" in err and needle in err and str(value) in err
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def test_non_finite_figures_are_written_as_standard_json(tmp_path: Path) -> None:
+    """Before: a NaN error ratio or an infinite timing was written as the bare NaN /
+    Infinity, which is not JSON (`json.dumps(..., allow_nan=False)` raised, and strict
+    readers such as browsers' JSON.parse refuse the file)."""
+    from tests import faults
+
+    backend = chain(faults.returns_nan, "eager", measure=False, eager_floor=False)
+    _run_bert(backend)
+    attempt = Attempt(
+        "x", Status.MISMATCH, "NaN", error=float("nan"), error_ratio=float("inf"),
+        latency_ms=float("-inf"), details={"ratio": [float("nan")]},
+    )  # fmt: skip
+    graph = backend.report.graphs[0]
+    graph = GraphRecord(**{**graph.__dict__, "attempts": (*graph.attempts, attempt)})
+    report = Report([graph, *backend.report.graphs[1:]])
+    json.dumps(report.to_dict(), allow_nan=False)
+    text = report.save(tmp_path / "report.json").read_text()
+    data = json.loads(text, parse_constant=_refuse_constant)
+    written = data["graphs"][0]["attempts"][-1]
+    assert (written["error"], written["error_ratio"], written["latency_ms"]) == (
+        "NaN", "Infinity", "-Infinity",
+    )  # fmt: skip
+    assert written["details"] == {"ratio": ["NaN"]}
+    back = Report.load(tmp_path / "report.json").graphs[0].attempts[-1]
+    assert back.error != back.error and back.error_ratio == float("inf")
+    assert back.latency_ms == float("-inf")
+    nan_attempt = backend.report.graphs[0].attempts[0]
+    assert nan_attempt.status is Status.MISMATCH, nan_attempt

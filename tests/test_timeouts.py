@@ -262,3 +262,78 @@ def test_keyboard_interrupt_while_waiting_propagates() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "interrupted" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+STALL_S = 0.15  # every call of the graph below takes at least this long in eager
+
+
+@torch.library.custom_op("chain_test::stall", mutates_args=())
+def stall(x: torch.Tensor) -> torch.Tensor:
+    """x, after a pause: stands for an eager run slowed by a loaded machine (another
+    process on the cores, or an abandoned export's thread holding the GIL)."""
+    threading.Event().wait(STALL_S)
+    return x.clone()
+
+
+@stall.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class SlowBert(torch.nn.Module):
+    """A BertModel whose every eager call takes over STALL_S."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = build_extra("bert")[0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return stall(self.bert(ids).last_hidden_state)
+
+
+def test_eager_slower_than_the_timeout_still_answers() -> None:
+    """Eager is the floor: its own calls (its first run, the timed reference) have no
+    deadline. Before: eager's first run, or one timed call of the eager reference, that
+    overran compile_timeout_s failed the graph: AllCandidatesFailed or RunTimeout out of the
+    backend, BackendCompilerFailed from dynamo (the 1-in-12 crash of the test above, on a
+    loaded machine where eager's 1 ms call of the tiny BertModel took up to 0.6 s)."""
+    from tests import faults
+
+    model = SlowBert().eval()
+    ids = build_extra("bert")[1][0]
+    backend = chain(faults.raises_at_compile, "eager", compile_timeout_s=STALL_S / 3)
+    fast = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for n in (8, 12):
+            x = ids[:, :1].repeat(1, n)
+            torch.testing.assert_close(fast(x), model(x))
+    assert len(backend.report.graphs) == 2
+    for graph in backend.report.graphs:
+        assert graph.winner == "eager", graph.attempts
+        eager = graph.winning_attempt
+        assert eager.latency_ms is not None and eager.latency_ms >= STALL_S * 1000 * 0.9
+
+
+def test_a_stage_leaves_the_callers_shape_env_to_the_caller() -> None:
+    """A stage runs under the caller's TracingContext. Before: leaving it on the worker ran
+    torch's `tracing()` exit, `shape_env.cleanup()`, on the caller's live ShapeEnv (from an
+    abandoned worker: whenever it ended, while the caller's compile went on with it)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from chain.worker import CompileTimeout, within
+
+    shape_env = ShapeEnv()
+    fake = FakeTensorMode(shape_env=shape_env)
+    sym = shape_env.create_unbacked_symint()
+    assert sym.node.expr in shape_env.var_to_stack
+    context = TracingContext(fake)
+    seen: list[TracingContext | None] = []
+    with tracing(context):
+        got = within(
+            lambda: seen.append(TracingContext.try_get()) or 7, 5.0, CompileTimeout, "in a test"
+        )
+        assert got == 7 and seen == [context]
+        assert TracingContext.try_get() is context
+        assert shape_env.var_to_stack[sym.node.expr].tb is not None  # still the caller's

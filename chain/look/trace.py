@@ -7,12 +7,12 @@ each cost. Nothing is built unless structured tracing is on.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from torch._logging import trace_structured
 
+from chain import json_fields as jf
 from chain.records import GraphRecord
 
 log = logging.getLogger("chain")
@@ -58,5 +58,5 @@ def emit(record: GraphRecord) -> None:
     trace_structured(
         "artifact",
         metadata_fn=lambda: {"name": ARTIFACT, "encoding": "json"},
-        payload_fn=lambda: json.dumps(decision(record), default=str),
+        payload_fn=lambda: jf.dumps(decision(record), default=str),
     )
