@@ -246,7 +246,9 @@ def test_a_fresh_tensor_where_eager_returns_a_view_is_caught() -> None:
     assert reason == "at call 1: output 0 does not alias input 0 as eager's does"
 
 
-def test_onnxruntime_losing_channels_last_is_caught() -> None:
+def test_onnxruntime_keeps_channels_last() -> None:
+    """ONNX Runtime writes plain contiguous memory; its runner returns eager's channels_last
+    layout, so it wins and is never demoted for the layout (it was, at call 1)."""
     pytest.importorskip("onnxruntime")
     conv = torch.nn.Conv2d(3, 4, 3, padding=1).eval()
 
@@ -257,12 +259,43 @@ def test_onnxruntime_losing_channels_last_is_caught() -> None:
     compiled = torch.compile(fn, backend=backend)
     x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
     with torch.no_grad():
-        out = compiled(x)
-        assert out.is_contiguous(memory_format=torch.channels_last)
-        torch.testing.assert_close(out, conv(x))
+        for _ in range(3):
+            out = compiled(x)
+            assert out.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(out, conv(x))
+    [graph] = backend.report.graphs
+    assert graph.winner == "onnxruntime" and graph.watch is not None
+    assert (graph.watch.calls, graph.watch.failures) == (3, [])
+
+
+def test_a_winner_that_later_drops_channels_last_is_caught() -> None:
+    """Right layout at selection, plain contiguous from its 3rd run (the user's 3rd call,
+    the watch's 2nd: the 1st was answered by selection): caught at that call by the cheap
+    checks, and eager answers it in eager's layout."""
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1).eval()
+    calls = [0]
+
+    def later_contiguous(gm: torch.fx.GraphModule, _: Any) -> Any:
+        def run(*args: Any) -> Any:
+            calls[0] += 1
+            out = gm(*args)
+            return [o.contiguous() for o in out] if calls[0] >= 3 else out
+
+        return run
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return conv(x)
+
+    backend = chain(later_contiguous, "eager", measure=False, reverify_rate=0.0)
+    compiled = torch.compile(fn, backend=backend)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x)
+            assert out.is_contiguous(memory_format=torch.channels_last)
     first = backend.report.graphs[0].attempts[0]
-    assert (first.backend, first.status) == ("onnxruntime", Status.MISMATCH)
-    assert first.reason == "at call 1: output 0 is not channels_last as eager's is"
+    assert (first.backend, first.status) == ("later_contiguous", Status.MISMATCH)
+    assert first.reason == "at call 2: output 0 is not channels_last as eager's is"
 
 
 def test_checks_are_counted_on_the_record_and_round_trip() -> None:
