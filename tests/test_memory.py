@@ -464,6 +464,11 @@ class _Drifts:
         return run
 
 
+def _drifting(drifts: _Drifts, store: Path) -> Any:
+    """drifts before eager, no eager floor: eager's twin must not lose on a timing tie."""
+    return chain(drifts, "eager", store=store, memory=True, eager_floor=False)
+
+
 def _bert_records(backend: Any) -> list[Any]:
     """A tiny transformers BertModel compiled afresh through `backend`, called at two input
     shapes (one graph each); returns their records."""
@@ -504,11 +509,11 @@ def test_a_remembered_winner_is_verified_by_one_eager_run(
     """On a hit, the winner is compared with eager within what its decision recorded of
     eager's own error: no float64 run unless that comparison is not clearly within bounds."""
     drifts = _Drifts()
-    cold = _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    cold = _bert_records(_drifting(drifts, tmp_path))
     assert [r.winner for r in cold] == ["drifts", "drifts"]
     assert len(fp64_runs) == 2  # selection: one float64 reference per graph
     fp64_runs.clear()
-    warm = _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    warm = _bert_records(_drifting(drifts, tmp_path))
     assert all(_remembered(r) for r in warm), [r.notes for r in warm]
     assert [r.winner for r in warm] == ["drifts", "drifts"]
     assert fp64_runs == []
@@ -525,10 +530,10 @@ def test_a_remembered_winner_now_wrong_is_caught_on_its_first_call(
     """A winner that returns wrong numbers now (off by `rel`, far above fp32 rounding) fails
     the quick comparison, is judged by the float64 rule, and loses: selection runs anew."""
     drifts = _Drifts()
-    _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    _bert_records(_drifting(drifts, tmp_path))
     drifts.rel = rel
     fp64_runs.clear()
-    warm = _bert_records(chain(drifts, "eager", store=tmp_path, memory=True))
+    warm = _bert_records(_drifting(drifts, tmp_path))
     assert [r.winner for r in warm] == ["eager", "eager"]
     assert len(fp64_runs) == 2  # the float64 rule judged each graph
     for record in warm:

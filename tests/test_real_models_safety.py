@@ -313,15 +313,11 @@ def power(x: torch.Tensor, s: float) -> torch.Tensor:
     return x.pow(s)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="regression of this round (since the isolation merge, not yet understood): inductor "
-    "raises DataDependentOutputException on the dynamic x.pow(s) graph instead of dynamo's "
-    "TensorifyScalarRestartAnalysis, so eager (safely) runs that graph",
-)
 def test_dynamos_restart_signal_passes_through_untouched() -> None:
     """A float argument that inductor must specialize makes it raise dynamo's
-    TensorifyScalarRestartAnalysis: dynamo's control flow, not a failure of inductor."""
+    TensorifyScalarRestartAnalysis: dynamo's control flow, not a failure of inductor. (It
+    failed while the chain handed inductor copies without dynamo's symbolic context:
+    `chain.isolation.compile_copy` fixed both this and ConvNeXt's guard crash.)"""
     c = chain.chain("inductor", "eager", eager_floor=False)
     compiled = torch.compile(power, backend=c)
     x = torch.rand(4) + 0.5
