@@ -3,8 +3,8 @@
 `torch.export` (non-strict) re-traces the dynamo graph module outside dynamo's fake mode and
 `run_decompositions` applies the curated table. With `dynamic=True` the dims dynamo made
 symbolic (and its SymInt inputs) stay symbolic in the trace (`Dim.DYNAMIC`), so the blocks
-export to ONNX with dynamic axes for an engine with optimization profiles. Placeholders that dynamo lifted from module
-parameters and buffers are tagged for the freezing pass.
+export to ONNX with dynamic axes for an engine with optimization profiles. Placeholders
+that dynamo lifted from module parameters and buffers are tagged for the freezing pass.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ def _free_symbols(gm: fx.GraphModule) -> tuple[set[str], list[str]]:
                 continue
             expr = size.node.expr
             symbols.update(str(s) for s in expr.free_symbols)
-            if expr.free_symbols and not isinstance(expr, sympy.Symbol):
-                if isinstance(value, torch.Tensor):
-                    expressions.append(f"{node.name}: {expr}")
+            plain = isinstance(expr, sympy.Symbol) or not expr.free_symbols
+            if not plain and isinstance(value, torch.Tensor):
+                expressions.append(f"{node.name}: {expr}")
     return symbols, expressions
 
 
@@ -76,10 +76,8 @@ def block_profiles(
         return []
     ranges = symbol_ranges(block)
     point = example_point(block, example_inputs, symbols)
-    hot = [point] + [
-        {s: v for s in symbols} for v in sorted(set(sizes)) if all(_within(ranges[s], v) for s in symbols)
-    ]
-    hot = [dict(p) for p in {tuple(sorted(p.items())) for p in hot}]
+    cuts = [v for v in sorted(set(sizes)) if all(_within(ranges[s], v) for s in symbols)]
+    hot = [point] + [dict.fromkeys(symbols, v) for v in cuts if dict.fromkeys(symbols, v) != point]
     tail = max(ranges[s].upper or 0 for s in symbols)
     return bucket_profiles(dims, ranges, hot, tail_max=tail)
 
