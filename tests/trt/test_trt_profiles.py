@@ -208,3 +208,30 @@ def test_an_engine_with_one_profile_per_bucket_runs_each_range() -> None:
     built = runtime.deserialize_cuda_engine(engine)
     assert built.num_optimization_profiles == 3
     assert tuple(built.get_tensor_profile_shape("x", 1)) == ((2, 17), (2, 32), (2, 32))
+
+
+@pytest.mark.tensorrt
+def test_the_backend_serves_every_length_of_a_symbolic_graph_from_one_engine(
+    tmp_path: Any,
+) -> None:
+    """A tiny BERT on the GPU at lengths 12, 16 (symbolic from here), then 5, 20 and 40:
+    one engine with profiles cut at 8 and 32 serves every length, matching eager."""
+    from chain import Status, chain
+
+    model, _ = build_extra("bert")
+    model = model.cuda()
+    options = {"tensorrt": {"cache_dir": str(tmp_path), "profile_sizes": [8, 32]}}
+    c = chain("tensorrt", "eager", options=options, eager_floor=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=c)
+    with torch.no_grad():
+        for length in (12, 16, 5, 20, 40):
+            tokens = torch.randint(0, 100, (2, length), device="cuda")
+            got, want = compiled(tokens), model(tokens)
+            torch.testing.assert_close(
+                got.last_hidden_state, want.last_hidden_state, rtol=1e-3, atol=1e-3
+            )
+    symbolic = c.report.graphs[-1].attempts[0]
+    assert (symbolic.backend, symbolic.status) == ("tensorrt", Status.WON), symbolic.reason
+    assert symbolic.details["engines"] == 1 and symbolic.details["profiles"] == 4
+    assert len(c.report.graphs) == 2  # lengths 5, 20 and 40 reused the symbolic graph
