@@ -235,3 +235,13 @@ def test_the_backend_serves_every_length_of_a_symbolic_graph_from_one_engine(
     assert (symbolic.backend, symbolic.status) == ("tensorrt", Status.WON), symbolic.reason
     assert symbolic.details["engines"] == 1 and symbolic.details["profiles"] == 4
     assert len(c.report.graphs) == 2  # lengths 5, 20 and 40 reused the symbolic graph
+
+
+def test_profile_sizes_is_an_option_of_sizes() -> None:
+    import backends
+    from backends.errors import InvalidOption
+
+    assert Settings.from_options({"profile_sizes": [32, 8]}).profile_sizes == (32, 8)
+    assert Settings().profile_sizes == ()
+    with pytest.raises(InvalidOption, match="a list of sizes"):
+        backends.lookup_backend("tensorrt").check_options({"profile_sizes": 8})
