@@ -25,6 +25,12 @@ def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _traced(node: fx.Node, default: object = None) -> object:
+    """The node's traced value: dynamo's `example_value`, else torch.export's `val` (the
+    blocks of an exported ATen graph, as the TensorRT backend partitions them)."""
+    return node.meta.get("example_value", node.meta.get("val", default))
+
+
 def _is_symbolic(size: object) -> bool:
     return (
         isinstance(size, torch.SymInt)
@@ -79,7 +85,7 @@ def _size_source(
     """A kept tensor placeholder and dim whose size is exactly this SymInt."""
     expr = sym.node.expr
     for i in kept:
-        value = nodes[i].meta.get("example_value")
+        value = _traced(nodes[i])
         if not isinstance(value, torch.Tensor):
             continue
         for d, s in enumerate(value.shape):
@@ -141,7 +147,7 @@ def prepare_graph(
     for i in sorted(symints):
         if not nodes[i].users:
             continue  # e.g. a dynamic stride dynamo guards on but the graph never reads
-        value = nodes[i].meta.get("example_value", example_inputs[i])
+        value = _traced(nodes[i], example_inputs[i])
         if not isinstance(value, torch.SymInt):
             raise Unsupported(
                 f"graph input {i} is a plain int; only shape-derived ints are supported"

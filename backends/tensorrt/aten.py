@@ -1,8 +1,10 @@
 """Step 1: an ATen inference graph from the dynamo graph, traced on the real example inputs.
 
 `torch.export` (non-strict) re-traces the dynamo graph module outside dynamo's fake mode and
-`run_decompositions` applies the curated table. Placeholders that dynamo lifted from module
-parameters and buffers are tagged for the freezing pass.
+`run_decompositions` applies the curated table. With `dynamic=True` the dims dynamo made
+symbolic (and its SymInt inputs) stay symbolic in the trace (`Dim.DYNAMIC`), so the blocks
+export to ONNX with dynamic axes for an engine with optimization profiles. Placeholders
+that dynamo lifted from module parameters and buffers are tagged for the freezing pass.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import fx
 
 from backends import cancel
 from backends.common.fx_utils import weight_inputs
+from backends.common.onnx_prepare import symbolic_dims
 from backends.errors import Unsupported
 from backends.tensorrt.decompositions import decomposition_table
 
@@ -34,11 +37,17 @@ class AtenGraph:
 
 
 def to_aten(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], freeze: Sequence[int] | None = None
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    freeze: Sequence[int] | None = None,
+    dynamic: bool = False,
 ) -> AtenGraph:
-    """Trace `gm` to a decomposed ATen graph; `freeze` defaults to its weight inputs."""
+    """Trace `gm` to a decomposed ATen graph; `freeze` defaults to its weight inputs.
+
+    `dynamic`: keep dynamo's symbolic dims and SymInt inputs symbolic (else a SymInt input
+    declines: a static trace would bake one size into the graph)."""
     not_tensors = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
-    if not_tensors:
+    if not_tensors and not dynamic:
         raise Unsupported(
             f"dynamic shapes: input(s) {not_tensors} are symbolic sizes, not tensors; "
             "compile with static shapes (the engine cache makes new sizes cheap)"
@@ -46,10 +55,12 @@ def to_aten(
     frozen = tuple(weight_inputs(gm, example_inputs) if freeze is None else freeze)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    args = real_inputs(example_inputs)
+    shapes = dynamic_shapes(gm, example_inputs) if dynamic else None
     try:
         # torch.export patches torch for every thread while it traces (backends.cancel)
         with cancel.process_wide(), unset_fake_temporarily(), torch.no_grad():
-            program = torch.export.export(gm, tuple(example_inputs), strict=False)
+            program = torch.export.export(gm, args, dynamic_shapes=shapes, strict=False)
             program = program.run_decompositions(decomposition_table())
             aten_gm = program.module()
     except Exception as e:
@@ -63,6 +74,38 @@ def to_aten(
         placeholders[i].meta[FREEZE] = True
     aten_gm.recompile()
     return AtenGraph(aten_gm, frozen)
+
+
+def real_inputs(example_inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """The example inputs with SymInts as their concrete ints (what a trace runs on).
+
+    Read from the SymInt's hint: `int(x)` would add a guard that specializes the symbol
+    in dynamo's shape environment (its graph would then stop being dynamic)."""
+    return tuple(_hint(x) if isinstance(x, torch.SymInt) else x for x in example_inputs)
+
+
+def _hint(value: torch.SymInt) -> int:
+    hint = value.node.hint
+    if hint is None:
+        raise Unsupported(f"dynamic shapes: the size {value} has no concrete example value")
+    return int(hint)
+
+
+def dynamic_shapes(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """torch.export's `dynamic_shapes`: every dim dynamo made symbolic, and every SymInt
+    input, is `Dim.DYNAMIC` (export infers how they relate); everything else is static."""
+    from torch.export import Dim
+
+    dims = symbolic_dims(gm, example_inputs)
+    spec: list[Any] = []
+    for i, value in enumerate(example_inputs):
+        if isinstance(value, torch.SymInt):
+            spec.append(Dim.DYNAMIC)
+        elif i in dims:
+            spec.append(dict.fromkeys(dims[i], Dim.DYNAMIC))
+        else:
+            spec.append(None)
+    return tuple(spec)
 
 
 def _drop_guards(gm: fx.GraphModule) -> None:

@@ -1,5 +1,9 @@
 """The registered "tensorrt" backend: ATen graph -> lowering -> partitions -> engines -> runtime.
 
+A graph with symbolic sizes is taken when every size symbol has a finite range: its blocks
+export with dynamic axes and each engine gets one optimization profile per range
+(conversion.graph_profiles); otherwise it is Unsupported with the reason.
+
 Parts TensorRT cannot take stay in PyTorch, each with its reason in `chain_details`.
 A graph with no engine at all is Unsupported (a "win" that runs everything in PyTorch
 would be a fake win), and so is a training graph.
@@ -13,11 +17,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.fx_utils import op_counts
+from backends.common.fx_utils import op_counts, symbolic_inputs
 from backends.common.partitioner import summarize
 from backends.errors import Unsupported
 from backends.registry import register_backend
 from backends.tensorrt.availability import available, check_devices, check_inference_graph
+from backends.tensorrt.conversion.graph_profiles import profile_refusal
 from backends.tensorrt.deploy import export_parts, load_payload
 from backends.tensorrt.pipeline import Plan, plan
 from backends.tensorrt.settings import OPTIONS, Settings
@@ -32,7 +37,8 @@ logger = logging.getLogger(__name__)
     tags=("gpu",),
     exporter=export_parts,
     loader=load_payload,
-    dynamic=False,  # engines are built for the example shapes (no optimization profiles)
+    # symbolic sizes: engines with optimization profiles, or a decline saying why not
+    dynamic=True,
 )
 def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **options: Any) -> Any:
     """TensorRT engines for the parts of the graph it supports; the rest runs in PyTorch."""
@@ -41,17 +47,27 @@ def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **o
     reason = available()
     if reason is not None:
         raise Unsupported(reason)
+    symbolic = symbolic_inputs(gm, example_inputs)
+    if symbolic:
+        refusal = profile_refusal(gm)
+        if refusal is not None:
+            raise Unsupported(
+                f"dynamic shapes: no TensorRT optimization profile: {refusal}",
+                detail="; ".join(symbolic),
+            )
     check_devices(example_inputs)
-    the_plan = plan(gm, example_inputs, settings.partition_options())
+    the_plan = plan(gm, example_inputs, settings.partition_options(), dynamic=bool(symbolic))
     if not the_plan.result.blocks:
         raise Unsupported(
             f"no block for TensorRT: {summarize(the_plan.result.fallback)}",
             detail=str(the_plan.result.details("tensorrt")),
         )
-    return build(the_plan, example_inputs, settings)
+    return build(the_plan, example_inputs, settings, dynamic=bool(symbolic))
 
 
-def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings) -> Any:
+def build(
+    the_plan: Plan, example_inputs: list[Any], settings: Settings, dynamic: bool = False
+) -> Any:
     """Turn every engine block of the plan into a TensorRT engine module (GPU only)."""
     from backends.tensorrt.conversion.cache import EngineCache
     from backends.tensorrt.conversion.convert import convert_block
@@ -66,7 +82,7 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
         block = the_plan.block(name)
         try:
             module, record, timing = convert_block(
-                name, block, the_plan.engine_inputs[name], settings, cache, timing
+                name, block, the_plan.engine_inputs[name], settings, cache, timing, dynamic
             )
         except ParseFailed as e:
             if settings.require_full_compilation:
@@ -92,6 +108,7 @@ def build(the_plan: Plan, example_inputs: list[torch.Tensor], settings: Settings
         "engines": len(builds),
         "builds": builds,
         "cache_hits": sum(1 for b in builds if b["cache_hit"]),
+        "profiles": sum(b["profiles"] for b in builds),
         "parser_rejected": rejected,
         "settings": {**settings.details(), "tensorrt": _version()},
     }

@@ -9,6 +9,7 @@ deserializes it into an engine module.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,9 @@ from backends.tensorrt.runtime.compiled import CompiledGraph
 from backends.tensorrt.runtime.engine_module import TensorRTEngineModule
 
 NAME = "tensorrt"
+
+
+logger = logging.getLogger(__name__)
 
 
 def gpu_facts(device: torch.device) -> tuple[str, str]:
@@ -43,6 +47,14 @@ def export_parts(request: ExportRequest) -> ExportedParts | None:
         for name, module in gm.named_children()
         if isinstance(module, TensorRTEngineModule)
     }
+    profiled = sorted(name for name, module in engines.items() if module.profiles)
+    if profiled:  # a payload carries neither the profiles nor the SymInt inputs' positions
+        logger.warning(
+            "TensorRT engines %s have optimization profiles (a graph with symbolic sizes): "
+            "not exported as TensorRT parts",
+            profiled,
+        )
+        return None
     calls = record_calls(gm, request.flat_inputs, calls_of(set(engines)))
     version = tensorrt_version()
     parts: dict[str, Part] = {}

@@ -15,7 +15,7 @@ from torch import fx
 
 from backends.common.fx_utils import record_calls
 from backends.common.partitioner import is_block_call
-from backends.tensorrt.aten import to_aten
+from backends.tensorrt.aten import real_inputs, to_aten
 from backends.tensorrt.lowering import apply_lowering_passes
 from backends.tensorrt.partitioning import PartitionOptions, PartitionResult, partition
 
@@ -34,12 +34,20 @@ class Plan:
         return getattr(self.gm, name)
 
 
-def plan(gm: fx.GraphModule, example_inputs: Sequence[Any], options: PartitionOptions) -> Plan:
-    """Trace, lower and partition a copy of `gm`; `gm` itself is left untouched."""
-    aten = to_aten(gm, example_inputs)
-    lowered = apply_lowering_passes(aten.gm, example_inputs)
+def plan(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: PartitionOptions,
+    dynamic: bool = False,
+) -> Plan:
+    """Trace, lower and partition a copy of `gm`; `gm` itself is left untouched.
+
+    `dynamic`: dynamo's symbolic sizes stay symbolic (see `aten.to_aten`)."""
+    aten = to_aten(gm, example_inputs, dynamic=dynamic)
+    real = real_inputs(example_inputs)
+    lowered = apply_lowering_passes(aten.gm, real)
     split, result = partition(lowered, options)
-    return Plan(split, result, aten.frozen_inputs, capture_engine_inputs(split, example_inputs))
+    return Plan(split, result, aten.frozen_inputs, capture_engine_inputs(split, real))
 
 
 def capture_engine_inputs(

@@ -26,6 +26,15 @@ def _path(value: Any) -> Any:
     return value
 
 
+def _sizes(value: Any) -> Any:
+    """Sizes at which a symbolic dim's range is cut into optimization profiles."""
+    if isinstance(value, list | tuple) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        return tuple(value)
+    raise BadValue("a list of sizes (ints >= 0)")
+
+
 OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
     "min_block_size": integer(low=1, high=100_000),
     "torch_executed_ops": _op_list,
@@ -35,6 +44,7 @@ OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked
     "cache_dir": _path,
     "engine_cache": boolean,
     "timing_cache": boolean,
+    "profile_sizes": _sizes,
 }
 
 
@@ -56,6 +66,9 @@ class Settings:
     cache_dir: Path = field(default_factory=default_cache_dir)
     engine_cache: bool = True
     timing_cache: bool = True
+    # a graph with symbolic sizes: its range is cut at these sizes and at the example's
+    # (one optimization profile each, plus a tail up to the range's end)
+    profile_sizes: tuple[int, ...] = ()
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Settings:
@@ -66,6 +79,8 @@ class Settings:
         values = dict(options)
         if "torch_executed_ops" in values:
             values["torch_executed_ops"] = _op_names(values["torch_executed_ops"])
+        if "profile_sizes" in values:
+            values["profile_sizes"] = _sizes(values["profile_sizes"])
         if "cache_dir" in values:
             values["cache_dir"] = Path(values["cache_dir"]).expanduser()
         settings = cls(**values)

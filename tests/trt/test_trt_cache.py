@@ -11,6 +11,7 @@ from torch import fx
 
 from backends.common.payload import TensorSpec
 from backends.tensorrt.conversion.cache import EngineCache, cache_key
+from backends.tensorrt.conversion.profiles import Profile
 from backends.tensorrt.settings import Settings
 from tests.trt.helpers import aten_graph
 
@@ -48,6 +49,23 @@ def test_same_graph_same_key() -> None:
 def test_different_inputs_settings_version_or_gpu_change_the_key(change: dict) -> None:
     block = _block(torch.arange(6.0))
     assert _key(block, **change) != _key(block)
+
+
+def test_the_optimization_profiles_are_in_the_key() -> None:
+    """An engine with profiles (a symbolic graph's block) never hits one fixed at the example
+    shape, nor one whose ranges were cut elsewhere."""
+    block = _block(torch.arange(6.0))
+    cut_at_8 = [
+        Profile({"x": ((2, 2), (2, 8), (2, 8))}),
+        Profile({"x": ((2, 9), (2, 9), (2, 64))}),
+    ]
+    cut_at_16 = [
+        Profile({"x": ((2, 2), (2, 16), (2, 16))}),
+        Profile({"x": ((2, 17), (2, 17), (2, 64))}),
+    ]
+    keys = {_key(block), _key(block, profiles=cut_at_8), _key(block, profiles=cut_at_16)}
+    assert len(keys) == 3
+    assert _key(block, profiles=cut_at_8) == _key(block, profiles=list(cut_at_8))
 
 
 def test_the_installed_toolchain_is_in_the_key() -> None:

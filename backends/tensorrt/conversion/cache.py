@@ -25,9 +25,10 @@ from torch import fx
 
 from backends.common.files import atomic_write
 from backends.common.payload import TensorSpec
+from backends.tensorrt.conversion.profiles import Profile
 
 logger = logging.getLogger(__name__)
-FORMAT = 2  # 2: toolchain versions in the key
+FORMAT = 3  # 2: toolchain versions in the key; 3: optimization profiles in key and metadata
 TOOLCHAIN = ("torch", "onnx", "onnxscript", "backend-chain")
 
 
@@ -50,9 +51,11 @@ def cache_key(
     trt_version: str,
     device_name: str,
     toolchain: Mapping[str, str | None] | None = None,
+    profiles: Sequence[Profile] = (),
 ) -> str:
     """A hex digest naming the engine built from exactly these ingredients (`toolchain`:
-    package versions, default `toolchain_versions()`)."""
+    package versions, default `toolchain_versions()`; `profiles`: its optimization profiles,
+    none for an engine fixed at `inputs`)."""
     digest = hashlib.sha256()
     header = {
         "format": FORMAT,
@@ -62,6 +65,7 @@ def cache_key(
         "settings": dict(sorted(settings.items())),
         "tensorrt": trt_version,
         "device": device_name,
+        "profiles": [p.to_json() for p in profiles],
     }
     digest.update(json.dumps(header, sort_keys=True).encode())
     constants = {**dict(block.named_parameters()), **dict(block.named_buffers())}

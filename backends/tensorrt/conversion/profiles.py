@@ -37,6 +37,19 @@ class Profile:
 
     shapes: dict[str, tuple[Shape, Shape, Shape]]
 
+    def to_json(self) -> dict[str, list[list[int]]]:
+        """name -> [min, opt, max] as lists (engine cache metadata, the cache key)."""
+        return {name: [list(s) for s in shapes] for name, shapes in sorted(self.shapes.items())}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Sequence[Sequence[int]]]) -> Profile:
+        """The profile `to_json` wrote."""
+        return cls({n: tuple(tuple(int(d) for d in s) for s in v) for n, v in data.items()})  # type: ignore[misc]
+
+    def renamed(self, names: Mapping[str, str]) -> Profile:
+        """The same profile keyed by other input names (placeholder -> ONNX input)."""
+        return Profile({names[n]: v for n, v in self.shapes.items() if n in names})
+
 
 def _traced(node: fx.Node) -> Any:
     return node.meta.get("val", node.meta.get("example_value"))
