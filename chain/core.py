@@ -186,6 +186,10 @@ class Chain:
             raise
         record = self._finish(record, tuple(attempts), eager)
         stored = self.memory and recall and hit is None  # a selection ran: remember it
+        if stored and (why := self._tie_not_kept(record)):
+            stored = False
+            record = dataclasses.replace(record, notes=(*record.notes, why))
+            self.report.graphs[record.id] = record
         fp64 = reference.fp64
         errors = None if fp64 is None else relative_errors(fp64, reference.outputs)
         if stored and (note := self.memory.remember(recall, record, errors)):  # type: ignore[union-attr]
@@ -203,6 +207,19 @@ class Chain:
         buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
         index = self._index(winner)
         return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets)
+
+    def _tie_not_kept(self, record: GraphRecord) -> str | None:
+        """Why a decision is not remembered: under the eager floor, a winner whose measured
+        speedup is below 1 won a tie within the noise of this run; a hit skips timing, so
+        remembering it would keep a slower backend in every later process."""
+        won = record.winning_attempt
+        speedup = won.speedup if won is not None else None
+        if not self.eager_floor or speedup is None or speedup >= 1.0:
+            return None
+        return (
+            f"memory: not remembered: {record.winner} won at {speedup:.2f}x eager, within "
+            "the noise of this run; the next process selects again"
+        )
 
     # -- per-shape buckets (chain.buckets) ----------------------------------------------
 
