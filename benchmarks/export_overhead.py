@@ -38,7 +38,6 @@ import math
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chain
 from backends.common.ort_session import session_options
 from backends.common.payload import tensor_bytes, unpack
-from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session
+from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session, time_rounds
 from chain.deploy import LeanModule, ops
 
 OP = torch.ops.backend_chain.run_payload.default
@@ -125,30 +124,6 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
     runs["old_forward"] = old.forward
     runs["old"] = old
     return runs
-
-
-def time_rounds(
-    runs: dict[str, Callable], args: tuple[torch.Tensor, ...], rounds: int, calls: int
-) -> dict[str, list[float]]:
-    """Per round, ms per call of each variant: rotated order, one untimed call before each.
-
-    Kept per round (not only medians) so that ratios can be paired within a round: on a
-    shared machine the load drifts between rounds, less within one.
-    """
-    for fn in runs.values():
-        for _ in range(3):
-            fn(*args)
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    keys = list(runs)
-    for r in range(rounds):
-        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            fn = runs[key]
-            fn(*args)
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn(*args)
-            times[key].append((time.perf_counter() - start) * 1e3 / calls)
-    return times
 
 
 def paired(times: dict[str, list[float]], a: str, b: str) -> float:

@@ -200,10 +200,14 @@ def variants(
     return runs, {"ours": runner.chain_payload, "direct": direct_bytes}
 
 
-def time_runs(
+def time_rounds(
     runs: dict[str, Callable], args: tuple[torch.Tensor, ...], rounds: int, calls: int
-) -> dict[str, float]:
-    """Median ms per call of each variant, interleaved in rotated order."""
+) -> dict[str, list[float]]:
+    """Per round, ms per call of each variant: rotated order, one untimed call before each.
+
+    Kept per round (not only medians) so that ratios can be paired within a round: on a
+    shared machine the load drifts between rounds, less within one.
+    """
     cuda = args[0].is_cuda
     for fn in runs.values():
         for _ in range(3):
@@ -223,7 +227,14 @@ def time_runs(
             if cuda:
                 torch.cuda.synchronize()
             times[key].append((time.perf_counter() - start) * 1e3 / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def time_runs(
+    runs: dict[str, Callable], args: tuple[torch.Tensor, ...], rounds: int, calls: int
+) -> dict[str, float]:
+    """Median ms per call of each variant, interleaved in rotated order."""
+    return {k: statistics.median(v) for k, v in time_rounds(runs, args, rounds, calls).items()}
 
 
 SWEEP = {  # session option variants of the direct model: (intra-op threads, spinning)
