@@ -1,7 +1,14 @@
-"""One helper to run a model through a backend and check it against eager."""
+"""Helpers: run a model through a backend and check it against eager; run code in a
+fresh process (a warm start is a new process)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,3 +33,34 @@ def compile_and_check(
             for e, a in zip(pytree.tree_leaves(expected), pytree.tree_leaves(actual), strict=True):
                 torch.testing.assert_close(a, e, rtol=rtol, atol=atol)
     return actual
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def memory_env(cache: Path) -> dict[str, str]:
+    """A fresh process's environment with the decision store on, in `cache` (no Redis, no
+    signing key from the caller's environment)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CHAIN_MEMORY": "1",
+        "CHAIN_CACHE_DIR": str(cache),
+    }
+    env.pop("CHAIN_STORE", None)
+    env.pop("CHAIN_MEMORY_KEY", None)
+    return env
+
+
+def fresh_process(code: str, *argv: str, env: dict[str, str] | None = None) -> Any:
+    """Run `code` in a new Python with `argv`; assert it exited 0; its last line, as JSON."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *argv],
+        env=env if env is not None else {**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +16,7 @@ import backends.onnxruntime as ort_backend
 from chain import Report, chain
 from chain.memory import MemoryWarning
 from chain.memory.artefacts import decode as decode_artefact
+from tests.helpers import fresh_process, memory_env
 from tests.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,25 +163,11 @@ print(json.dumps({"compiled": compiled, "exports": len(exported)}))
 @pytest.mark.slow
 def test_a_second_process_exports_nothing(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CHAIN_MEMORY": "1",
-        "CHAIN_CACHE_DIR": str(tmp_path / "cache"),
-    }
-    env.pop("CHAIN_STORE", None)
-    env.pop("CHAIN_MEMORY_KEY", None)
+    env = memory_env(tmp_path / "cache")
 
     def process(name: str) -> tuple[Report, dict[str, Any]]:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_PROCESS), str(tmp_path / name)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return Report.load(tmp_path / name), json.loads(done.stdout.strip().splitlines()[-1])
+        counts = fresh_process(_PROCESS, str(tmp_path / name), env=env)
+        return Report.load(tmp_path / name), counts
 
     cold, cold_counts = process("cold.json")
     assert [g.winner for g in cold.graphs] == ["onnxruntime", "onnxruntime"]  # 2 shapes

@@ -334,24 +334,11 @@ def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path:
     """Process 1 counts each length to bucket_after=2 and tries both candidates per shape;
     process 2, on the same store, compiles the remembered winner (static inductor) alone at
     each length's first call and keeps the decision's figures: 3 compiles instead of 6."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import textwrap
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    from tests.helpers import fresh_process
 
     def process(name: str) -> tuple[Report, list[str]]:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_PROCESS), str(tmp_path / name),
-             str(tmp_path / "store")],
-            env=env, capture_output=True, text=True, timeout=600, cwd=root,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        return Report.load(tmp_path / name), json.loads(done.stdout.strip().splitlines()[-1])
+        compiled = fresh_process(_PROCESS, str(tmp_path / name), str(tmp_path / "store"))
+        return Report.load(tmp_path / name), compiled
 
     def shapes(report: Report) -> dict[str, Any]:
         (graph,) = [g for g in report.graphs if g.buckets is not None]

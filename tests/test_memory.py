@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from chain import Report, Status, chain
 from chain.memory import MemoryWarning
 from chain.memory.entry import decode
 from chain.store import clear, entries, show
+from tests.helpers import fresh_process, memory_env
 from tests.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -404,24 +404,11 @@ print(json.dumps(compiled))
 @pytest.mark.slow
 def test_a_second_process_compiles_only_the_winner(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CHAIN_MEMORY": "1",
-        "CHAIN_CACHE_DIR": str(tmp_path / "cache"),
-    }
-    env.pop("CHAIN_STORE", None)
+    env = memory_env(tmp_path / "cache")
 
     def process(name: str) -> tuple[Report, list[str]]:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_PROCESS), str(tmp_path / name)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return Report.load(tmp_path / name), json.loads(done.stdout.strip().splitlines()[-1])
+        compiled = fresh_process(_PROCESS, str(tmp_path / name), env=env)
+        return Report.load(tmp_path / name), compiled
 
     cold, cold_compiled = process("cold.json")
     assert len(cold.graphs) == 2  # two shapes: a static graph, then a dynamic one
