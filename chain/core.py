@@ -202,7 +202,7 @@ class Chain:
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
-        watch_for = self._watch_for(record, gm, reference)
+        watch_for = self._watch_for(record, gm, reference, errors or reference.recorded)
         kept = recall if self.memory is not None and recall is not None else None
         buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
         index = self._index(winner)
@@ -286,11 +286,15 @@ class Chain:
                 self.report_file.write(self.report)
 
     def _watch_for(
-        self, record: GraphRecord, gm: fx.GraphModule, reference: Reference
+        self,
+        record: GraphRecord,
+        gm: fx.GraphModule,
+        reference: Reference,
+        recorded: Sequence[float | None] | None,
     ) -> Callable[[str], Watch | None]:
         """The run-time checks for each winner the graph will have (chain.watch), from what
-        selection found: eager's outputs, the inputs it wrote, whether float64 ran. The
-        counters go on the graph's record."""
+        selection found: eager's outputs, the inputs it wrote, whether float64 ran and
+        eager's error against it (`recorded`, per output). The counters go on the record."""
         stats = RunChecks(reverify_rate=self.reverify_rate if self.watch else 0.0)
         expected, writes = None, None
         if reference.runs is not None and reference.after:
@@ -336,6 +340,8 @@ class Chain:
                 if weights is not None
                 else None,
                 versioned=unparameters,
+                recorded=recorded,
+                reductions=reference.reductions,
             )
 
         return watch_for

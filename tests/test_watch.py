@@ -227,6 +227,58 @@ def test_wrong_numbers_later_are_caught_by_reverification_every_call() -> None:
     assert (static.watch.calls, static.watch.reverified) == (1, 0)  # call 1: verified at selection
     assert _demoted(dynamic).startswith("at call 3: output 0: RMSE vs float64")
     assert dynamic.watch is not None and (dynamic.watch.calls, dynamic.watch.reverified) == (3, 2)
+    assert dynamic.watch.float64 == 1  # call 2 passed against eager alone; call 3 could not
+
+
+def test_a_right_winner_is_reverified_against_eager_alone_at_two_shapes() -> None:
+    """Within the bound eager's recorded error gives, a re-verification runs no float64
+    (the float64 graph costs several eager calls): only the one eager run."""
+    model = zoo.build("bert")
+    backend = chain(lambda gm, _: gm.forward, "eager", measure=False, reverify_rate=1)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for shape in (0, 1, 2, 1, 2):
+            args = zoo.inputs("bert", shape)
+            torch.testing.assert_close(compiled(*args), model(*args))
+    static, dynamic = backend.report.graphs
+    assert dynamic.watch is not None and dynamic.watch.failures == []
+    assert (dynamic.watch.calls, dynamic.watch.reverified, dynamic.watch.float64) == (4, 3, 0)
+    assert static.winner == dynamic.winner == "<lambda>"
+
+
+@pytest.mark.parametrize("off", [0.0, 0.5])
+def test_float64_at_run_time_sees_the_inputs_as_before_the_call(off: float) -> None:
+    """A graph that writes its input, re-verified against float64 (no recorded error to
+    pass by): float64 runs on the inputs as they were before the call, not as eager's run
+    left them (a reference off by eager's write let a winner off by 0.5 pass), so a right
+    winner stays and one off by 0.5 from its second call is caught there."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    guards: list[Any] = []
+    winner = LaterWrong(lambda call, args, out: [o + off for o in out])
+    backend = chain(winner, "eager", measure=False, reverify_rate=1)
+
+    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        guards.append(backend(gm, example_inputs))
+        guards[-1].active.watch.recorded = None  # float64 judges every re-verification
+        return guards[-1]
+
+    compiled = torch.compile(fn, backend=capture, dynamic=False)
+    x = torch.zeros(5)
+    for k in range(1, 5):
+        torch.testing.assert_close(compiled(x), torch.full((5,), 2.0 * k))
+        assert torch.equal(x, torch.full((5,), float(k)))  # written once per call
+    [graph] = backend.report.graphs
+    assert graph.watch is not None
+    if off:
+        assert _demoted(graph).startswith("at call 2: output 0: RMSE vs float64")
+        assert graph.watch.float64 == 1
+    else:
+        assert graph.watch.failures == [] and graph.winner == "later_wrong"
+        assert (graph.watch.reverified, graph.watch.float64) == (3, 3)
 
 
 def test_a_fresh_tensor_where_eager_returns_a_view_is_caught() -> None:
@@ -321,7 +373,7 @@ def test_watch_false_checks_nothing_but_still_keeps_writes() -> None:
         compiled(torch.randn(4))
     [graph] = backend.report.graphs
     assert graph.winner == "later_wrong"
-    assert graph.watch == RunChecks(0.0, 0, 0, [], ["run-time checks off: watch=False"])
+    assert graph.watch == RunChecks(unchecked=["run-time checks off: watch=False"])
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ class RunChecks:
     reverify_rate: float = 0.0
     calls: int = 0  # calls of a watched winner, each given the cheap checks
     reverified: int = 0  # calls also re-run in eager and compared
+    float64: int = 0  # of those, the ones eager alone could not pass: float64 ran too
     failures: list[str] = field(default_factory=list)  # "backend at call N: reason"
     unchecked: list[str] = field(default_factory=list)  # what the cheap checks leave out
 
@@ -31,10 +32,13 @@ class RunChecks:
             reverify_rate=float(data.get("reverify_rate", 0.0)),
             calls=int(data.get("calls", 0)),
             reverified=int(data.get("reverified", 0)),
+            float64=int(data.get("float64", 0)),
             failures=[str(x) for x in data.get("failures", [])],
             unchecked=[str(x) for x in data.get("unchecked", [])],
         )
 
     def __str__(self) -> str:
         text = f"run-time checks: {self.calls} call(s) checked, {self.reverified} re-verified"
+        if self.float64:
+            text += f" ({self.float64} against float64)"
         return text + "".join(f"; {f}" for f in self.failures)

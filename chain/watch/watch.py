@@ -5,7 +5,11 @@ the inputs it wrote, the float64 reference when there was one); the guard calls 
 after each call of the winner and `reverify` on the calls the schedule picks.
 Re-verification uses selection's rule (`chain.verify.compare`) against an eager run on the
 call's own arguments, before the winner's call and on copies of what the graph writes, so
-no write is applied twice.
+no write is applied twice. As for a remembered winner, a winner within the bound that
+eager's recorded error against float64 gives (`chain.accuracy.near_eager`) passes on that
+eager run alone; float64 runs only for what that does not clearly pass. This makes a
+re-verification cost about one eager call, not ten (the float64 graph is slow on CPU), so
+the same budget re-verifies about ten times as often.
 """
 
 from __future__ import annotations
@@ -51,13 +55,20 @@ class Watch:
         fp64: bool,
         weights: Callable[[str], str | None] | None = None,
         versioned: Sequence[int] = (),
+        recorded: Sequence[float | None] | None = None,
+        reductions: Sequence[int] = (),
     ) -> None:
+        """`recorded`: per output, eager's relative error against float64 at selection (None:
+        float64 runs at every re-verification); `reductions`: per output, how many values it
+        sums over (`chain.accuracy`)."""
         self.gm = gm
         self.expected = expected
         self.writes = writes
         self.stats = stats
         self.tolerances = tolerances
         self.fp64 = fp64
+        self.recorded = tuple(recorded) if recorded is not None else None
+        self.reductions = tuple(reductions)
         self.weights = weights  # at each re-verification: did a winner change a weight?
         written = set(writes.positions) if writes is not None else set()
         self.versioned = tuple(i for i in versioned if i not in written)
@@ -74,8 +85,10 @@ class Watch:
         a read of every parameter per call would cost several percent of a small model's."""
         return [args[i]._version for i in self.versioned]
 
-    def wrote(self, args: Sequence[Any], before: Sequence[int]) -> list[int]:
+    def wrote(self, args: Sequence[Any], before: list[int]) -> list[int]:
         """After a call: the inputs whose version moved though eager does not write them."""
+        if [args[i]._version for i in self.versioned] == before:  # the usual case, in one go
+            return []
         return [i for i, v in zip(self.versioned, before, strict=True) if args[i]._version != v]
 
     def call_number(self) -> int:
@@ -111,15 +124,17 @@ class Watch:
         """
         start = time.perf_counter()
         eager_args = self.writes.eager_inputs(args, kept or {}) if self.writes else list(args)
+        # float64 needs the inputs as of before the call too, and eager is about to write
+        # the copies in eager_args: a second set of copies of what the graph writes
+        before = self.writes.eager_inputs(args, kept or {}) if self.writes else eager_args
         with torch.no_grad():
             expected = self.gm(*eager_args)
-            fp64 = self._run_fp64(eager_args) if self.fp64 else None
         eager_s = time.perf_counter() - start
         out = run()
         call_s = time.perf_counter() - start - eager_s
         reason = self.expected.check(args, out)[0] if self.expected is not None else None
         if reason is None:
-            reason = compare(expected, out, self.tolerances, fp64=fp64).reason
+            reason = self._judge(expected, out, before)
         if reason is None and self.writes is not None:
             positions = self.writes.positions  # the inputs eager writes: as eager leaves them?
             verdict = compare(
@@ -133,6 +148,27 @@ class Watch:
         self.stats.reverified += 1
         self.schedule.done(n, time.perf_counter() - start - call_s, call_s)
         return out, reason
+
+    def _judge(self, expected: Any, out: Any, before: Sequence[Any]) -> str | None:
+        """Why `out` is wrong against eager's `expected` (None: it is right): near eager by
+        the recorded error first, then the float64 rule on `before` (the call's inputs)."""
+        if self.fp64 and self.recorded is not None:
+            quick = compare(
+                expected,
+                out,
+                self.tolerances,
+                reductions=self.reductions,
+                recorded=self.recorded,
+            )
+            if quick.reason is None:
+                return None
+        fp64 = None
+        if self.fp64:
+            self.stats.float64 += 1
+            with torch.no_grad():
+                fp64 = self._run_fp64(before)
+        verdict = compare(expected, out, self.tolerances, fp64=fp64, reductions=self.reductions)
+        return verdict.reason
 
     def _run_fp64(self, args: Sequence[Any]) -> Any:
         """The graph in float64 on `args` (the copy built at the first re-verification)."""
