@@ -318,10 +318,16 @@ class Chain:
         if self.watch and reference.isolation is not None and reference.runs is not None:
             weights = reference.isolation.watch(reference.runs, snapshots=False)
 
-        unparameters = [  # activations and buffers: their versions are read every call
+        # activations: their versions are read every call; the weights' (parameters and
+        # buffers) with their fingerprints at each re-verification
+        isolation = reference.isolation if weights is not None else None
+        weights_at = set(isolation.watched) if isolation is not None else set()
+        activations = [
             i
             for i, x in enumerate(reference.runs or ())
-            if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
+            if isinstance(x, torch.Tensor)
+            and not isinstance(x, torch.nn.Parameter)
+            and i not in weights_at
         ]
 
         def watch_for(winner: str) -> Watch | None:
@@ -339,7 +345,7 @@ class Chain:
                 weights=(lambda who: weights.check(f"{winner}, {who}"))
                 if weights is not None
                 else None,
-                versioned=unparameters,
+                versioned=activations,
                 recorded=recorded,
                 reductions=reference.reductions,
             )

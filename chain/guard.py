@@ -235,5 +235,5 @@ def _checked(
     out = fn(*args)
     reason, suspect = watch.check(n, args, out)
     if reason is None and suspect and watch.can_reverify_after(kept):
-        return watch.reverify(n, args, kept, lambda: out)
+        return watch.reverify(n, args, kept, lambda: out, timed=False)
     return out, reason

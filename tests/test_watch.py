@@ -194,12 +194,14 @@ def test_a_wrong_shape_on_a_dynamic_graph_is_caught_against_this_calls_sizes() -
     assert static.winner == "later_wrong"  # called once: right every time it ran
 
 
-def test_nan_every_third_call_never_reaches_the_user() -> None:
-    def every_third(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
-        return [torch.full_like(o, float("nan")) for o in out] if call % 3 == 0 else out
+def _every_third(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    return [torch.full_like(o, float("nan")) for o in out] if call % 3 == 0 else out
 
+
+def test_nan_every_third_call_never_reaches_the_user_when_every_call_is_scanned() -> None:
+    """reverify_rate=1 lets the NaN/inf scan take up to half a call: every call is scanned."""
     model = zoo.build("bert")
-    backend = chain(LaterWrong(every_third), "eager", measure=False, reverify_rate=0.01)
+    backend = chain(LaterWrong(_every_third), "eager", measure=False, reverify_rate=1)
     compiled = torch.compile(model, backend=backend)
     args = zoo.inputs("bert", 0)
     with torch.no_grad():
@@ -209,6 +211,56 @@ def test_nan_every_third_call_never_reaches_the_user() -> None:
     [graph] = backend.report.graphs
     assert _demoted(graph).startswith("at call 3: output 0: ")
     assert "NaN value(s) where eager has none" in graph.attempts[0].reason
+    assert graph.watch is not None and graph.watch.scanned == 1.0
+
+
+def test_nan_every_third_call_is_caught_by_a_sampled_scan() -> None:
+    """Where the scan would cost more than its share of a call, a random quarter of the
+    calls (here) is scanned: a NaN every third call is caught on the first scanned one, and
+    every answer after it is right. The NaN calls before it reached the user (README)."""
+    model = zoo.build("bert")
+    guards: list[Any] = []
+    backend = chain(LaterWrong(_every_third), "eager", measure=False, reverify_rate=0)
+
+    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        guards.append(backend(gm, example_inputs))
+        guards[-1].active.watch.scan_share = 0.25  # as measured on a graph of ~30 us
+        return guards[-1]
+
+    compiled = torch.compile(model, backend=capture)
+    args = zoo.inputs("bert", 0)
+    with torch.no_grad():
+        expected = model(*args)
+        outs = [compiled(*args) for _ in range(60)]
+    seen = [bool(out.isnan().any()) for out in outs]
+    [graph] = backend.report.graphs
+    call = int(_demoted(graph).split()[2].rstrip(":"))
+    assert call % 3 == 0 and "NaN value(s) where eager has none" in graph.attempts[0].reason
+    assert seen[: call - 1] == [(k + 1) % 3 == 0 for k in range(call - 1)]  # unscanned NaN
+    for out in outs[call - 1 :]:  # the caught call and every one after: eager's answer
+        torch.testing.assert_close(out, expected)
+    assert call <= 60
+
+
+def test_the_scan_takes_its_share_of_the_call() -> None:
+    """The share of calls scanned follows the scan's measured cost over the call's: all of
+    them when it is cheap, a sample when it is not, never fewer than the floor."""
+    guards: list[Any] = []
+    backend = chain(lambda gm, _: gm.forward, "eager", measure=False)
+
+    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        guards.append(backend(gm, example_inputs))
+        return guards[-1]
+
+    torch.compile(lambda x: x * 2, backend=capture)(torch.randn(8))
+    watch = guards[0].active.watch
+    assert watch.scan_budget == 0.005  # the default reverify_rate 0.01 leaves it at 0.5%
+    watch.share_scans(scan_s=1e-6, call_s=1e-3)  # 0.1% of the call: every call
+    assert watch.scan_share == 1.0
+    watch.share_scans(scan_s=10e-6, call_s=400e-6)  # 2.5%: a fifth of the calls
+    assert watch.scan_share == pytest.approx(0.2)
+    watch.share_scans(scan_s=10e-6, call_s=10e-6)  # as long as the call: the floor
+    assert watch.scan_share == 1 / 32 and watch.stats.scanned == 0.031
 
 
 def test_wrong_numbers_later_are_caught_by_reverification_every_call() -> None:

@@ -24,6 +24,8 @@ class Schedule:
 
     def done(self, call: int, cost_s: float, call_s: float) -> None:
         """Call `call` was re-verified at `cost_s` on top of the winner's `call_s`."""
+        if self.rate <= 0:  # a suspect call re-verified with the schedule off: still off
+            return
         if self.rate >= 1:
             self.due = call + 1
             return

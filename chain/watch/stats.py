@@ -15,6 +15,7 @@ class RunChecks:
     calls: int = 0  # calls of a watched winner, each given the cheap checks
     reverified: int = 0  # calls also re-run in eager and compared
     float64: int = 0  # of those, the ones eager alone could not pass: float64 ran too
+    scanned: float = 1.0  # share of calls whose CPU outputs are scanned for NaN/inf
     failures: list[str] = field(default_factory=list)  # "backend at call N: reason"
     unchecked: list[str] = field(default_factory=list)  # what the cheap checks leave out
 
@@ -33,6 +34,7 @@ class RunChecks:
             calls=int(data.get("calls", 0)),
             reverified=int(data.get("reverified", 0)),
             float64=int(data.get("float64", 0)),
+            scanned=float(data.get("scanned", 1.0)),
             failures=[str(x) for x in data.get("failures", [])],
             unchecked=[str(x) for x in data.get("unchecked", [])],
         )
@@ -41,4 +43,6 @@ class RunChecks:
         text = f"run-time checks: {self.calls} call(s) checked, {self.reverified} re-verified"
         if self.float64:
             text += f" ({self.float64} against float64)"
+        if self.scanned < 1:
+            text += f", {self.scanned:.0%} scanned for NaN/inf"
         return text + "".join(f"; {f}" for f in self.failures)

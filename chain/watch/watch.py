@@ -15,6 +15,7 @@ the same budget re-verifies about ten times as often.
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,13 @@ from chain.watch.expect import Expected
 from chain.watch.schedule import Schedule
 from chain.watch.stats import RunChecks
 from chain.watch.writes import Writes
+
+# The NaN/inf scan (one sum per CPU output) may cost this share of a call (or half the
+# reverify_rate, when that is more); past it, a random sample of calls is scanned, never
+# fewer than SCAN_FLOOR of them. Right after a graph's own ops the scan runs with cold
+# caches: 7 us on a tiny BERT whose call takes 420 us, more than a graph of tens of us.
+SCAN_SHARE = 0.005
+SCAN_FLOOR = 1 / 32
 
 
 class Demoted(Exception):
@@ -75,14 +83,17 @@ class Watch:
         self.counter = itertools.count(1)  # next() is atomic: call numbers under threads
         self.counts_calls = True  # False for a bucket's watch: the record counts the graph's
         self.schedule = Schedule(reverify_rate if expected is not None else 0.0)
+        self.scan_share = 1.0  # of calls scanned for NaN/inf: all until measured
+        self.scan_budget = max(SCAN_SHARE, reverify_rate / 2)
+        self._draw = random.Random(0).random  # which calls are scanned (seeded: repeatable)
         self._fp64_gm: fx.GraphModule | None = None
         self._lock = threading.Lock()  # the float64 copy is built once
 
     def versions(self, args: Sequence[Any]) -> list[int]:
-        """Before a call: the version counters of the activations and buffers eager does not
-        write (`versioned`: a read each, about 0.15 us), to catch a winner writing them. The
-        parameters' are read at each re-verification, with their fingerprints (`weights`):
-        a read of every parameter per call would cost several percent of a small model's."""
+        """Before a call: the version counters of the activations eager does not write
+        (`versioned`), to catch a winner writing them. The weights' (parameters and
+        buffers) are read at each re-verification, with their fingerprints (`weights`): a
+        read of every weight per call would cost several percent of a small model's."""
         return [args[i]._version for i in self.versioned]
 
     def wrote(self, args: Sequence[Any], before: list[int]) -> list[int]:
@@ -102,7 +113,9 @@ class Watch:
         """The cheap checks: (why `out` is wrong, whether to re-verify this call at once)."""
         if self.expected is None:
             return None, False
-        reason, suspect = self.expected.check(args, out)
+        share = self.scan_share
+        scan = share >= 1.0 or self._draw() < share
+        reason, suspect = self.expected.check(args, out, scan)
         return reason, suspect or n >= self.schedule.due
 
     def can_reverify_after(self, kept: dict[int, Any] | None) -> bool:
@@ -116,9 +129,11 @@ class Watch:
         args: Sequence[Any],
         kept: dict[int, Any] | None,
         run: Callable[[], Any],
+        timed: bool = True,
     ) -> tuple[Any, str | None]:
         """Run eager (first, on copies of what the graph writes), then `run` (the winner's
-        call, or its output already computed), and compare as selection does.
+        call, or its output already computed: `timed` False), and compare as selection does.
+        A timed call moves the schedule on and re-measures the NaN/inf scan's share.
 
         Returns the winner's output and why it is wrong (None: it matches eager).
         """
@@ -132,7 +147,11 @@ class Watch:
         eager_s = time.perf_counter() - start
         out = run()
         call_s = time.perf_counter() - start - eager_s
-        reason = self.expected.check(args, out)[0] if self.expected is not None else None
+        reason = self.expected.check(args, out, False)[0] if self.expected is not None else None
+        if timed and reason is None and self.expected is not None and self.expected.scans:
+            scan_start = time.perf_counter()
+            self.expected.finite(out)  # timed: a NaN/inf is for the comparison below to name
+            self.share_scans(time.perf_counter() - scan_start, call_s)
         if reason is None:
             reason = self._judge(expected, out, before)
         if reason is None and self.writes is not None:
@@ -146,8 +165,16 @@ class Watch:
             damaged = self.weights(f"the winner (at run time, call {n})")  # values changed
             reason = reason or damaged
         self.stats.reverified += 1
-        self.schedule.done(n, time.perf_counter() - start - call_s, call_s)
+        if timed:
+            self.schedule.done(n, time.perf_counter() - start - call_s, call_s)
         return out, reason
+
+    def share_scans(self, scan_s: float, call_s: float) -> None:
+        """Scan as many calls for NaN/inf as `scan_budget` of the call time pays for, from a
+        scan measured at `scan_s` on a call of `call_s` (at each re-verification)."""
+        paid = self.scan_budget * call_s / max(scan_s, 1e-9)
+        self.scan_share = min(1.0, max(SCAN_FLOOR, paid))
+        self.stats.scanned = round(self.scan_share, 3)
 
     def _judge(self, expected: Any, out: Any, before: Sequence[Any]) -> str | None:
         """Why `out` is wrong against eager's `expected` (None: it is right): near eager by
