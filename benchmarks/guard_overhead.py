@@ -1,10 +1,16 @@
 """Per-call cost of the guard's run-time checks (chain.watch) on a tiny BertModel.
 
-    python benchmarks/guard_overhead.py [--calls 200] [--rounds 40] [--shape 0] [--threads 1]
+    python benchmarks/guard_overhead.py [--model toy] [--calls 200] [--rounds 40] [--threads 1]
+
+Models: `toy` (the safety suite's BertModel: hidden 32, 2x8 tokens, about 0.4 ms a call, a
+third of it dynamo's own frame), `bert-tiny` and `bert-mini` (the configs of Google's BERT
+miniatures L-2_H-128 and L-4_H-256, random weights, 2x32 tokens): the checks cost a few
+microseconds a call whatever the model, so the smaller the call, the larger their share.
 
 The winner is `twin` (the graph's own forward under another name, so the checks apply to
-it). Arms, interleaved round by round, medians of the per-round means: eager (the model
-uncompiled); today's guard (a plain try around the winner, as the guard was before
+it). Arms, interleaved round by round, medians of the per-round means (and of each round's
+ratio to today's guard in the same round, with the quartiles of those ratios): eager (the
+model uncompiled); today's guard (a plain try around the winner, as the guard was before
 chain.watch); chain(twin, watch=False) (checks off); chain(twin) (defaults: cheap checks
 every call, re-verification against eager as `reverify_rate` pays for); then the cheap
 checks alone, timed on the graph's real arguments.
@@ -33,6 +39,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from chain import chain
 from chain.bench import zoo
+from chain.bench.real_models import LastHidden
 
 
 def _forward(gm: fx.GraphModule) -> Callable[..., Any]:
@@ -41,6 +48,28 @@ def _forward(gm: fx.GraphModule) -> Callable[..., Any]:
     `nn.Module.__call__` on every call (about 10 us: 2.5% of this model's call)."""
     _LazyGraphModule.force_recompile(gm)
     return gm.forward
+
+
+# Google's BERT miniatures (github.com/google-research/bert): layers, hidden size
+MINIATURES = {"bert-tiny": (2, 128), "bert-mini": (4, 256)}
+
+
+def build(name: str, shape: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    """The model, its inputs and a line that says what it is."""
+    if name == "toy":
+        return zoo.build("bert"), zoo.inputs("bert", shape), f"{zoo.describe('bert', shape)} tokens"
+    from transformers import BertConfig, BertModel
+
+    layers, hidden = MINIATURES[name]
+    config = BertConfig(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64,
+        intermediate_size=4 * hidden,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LastHidden(BertModel(config)).eval()
+    generator = torch.Generator().manual_seed(shape)
+    ids = torch.randint(0, config.vocab_size, (2, 32), generator=generator)
+    return model, (ids,), f"2x32 tokens, {layers} layers, hidden {hidden}"
 
 
 def twin(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -105,6 +134,7 @@ def per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="toy", choices=("toy", *MINIATURES))
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--shape", type=int, default=0, choices=(0, 1, 2))
@@ -114,8 +144,7 @@ def main() -> None:
     if (why := zoo.available()) is not None:
         sys.exit(why)
     torch.manual_seed(0)
-    model = zoo.build("bert")
-    inputs = zoo.inputs("bert", args.shape)
+    model, inputs, what = build(args.model, args.shape)
     torch.set_num_threads(args.threads)
     arms = Arms()
     compiled = torch.compile(model, backend=arms.backend)
@@ -138,12 +167,25 @@ def main() -> None:
         for name, s in samples.items():
             print(name, " ".join(f"{v:.0f}" for v in s))
     base = medians["today's guard"]
-    shape, threads = zoo.describe("bert", args.shape), torch.get_num_threads()
-    print(f"BertModel (tiny) at {shape} tokens, {threads} torch threads")
-    print(f"{'':28} {'median us/call':>15} {'vs today':>10}")
+    print(f"BertModel {args.model} ({what}), {torch.get_num_threads()} torch threads")
+    today = samples["today's guard"]
+    print(f"{'':28} {'median us/call':>15} {'vs today':>10} {'paired':>9} {'IQR':>17}")
     for name, us in medians.items():
-        print(f"{name:28} {us:15.1f} {100 * (us / base - 1):+9.2f}%")
-    print(default_watch.stats)
+        # per round against today's in the same round: slow drifts of a shared machine
+        # move both alike
+        ratios = [100 * (a / b - 1) for a, b in zip(samples[name], today, strict=True)]
+        q1, mid, q3 = statistics.quantiles(ratios, n=4)
+        print(
+            f"{name:28} {us:15.1f} {100 * (us / base - 1):+9.2f}% {mid:+8.2f}% "
+            f"[{q1:+6.2f}%, {q3:+6.2f}%]"
+        )
+    stats = default_watch.stats
+    print(stats)
+    spent = sum(samples["chain(twin) (defaults)"]) * args.calls / 1e6  # seconds in its calls
+    print(
+        f"re-verification: {1e3 * stats.reverify_s:.1f} ms of the defaults' "
+        f"{1e3 * spent:.0f} ms ({100 * stats.reverify_s / spent:.2f}%)"
+    )
     # the cheap checks alone, on the real graph's arguments: what every call pays
     graph_args, watch = arms.args, default_watch
     with torch.no_grad():

@@ -23,7 +23,7 @@ from chain.concrete import concretize
 from chain.fp64 import Later, fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import _FALLBACK, GuardedGraph
-from chain.isolation import Isolation
+from chain.isolation import RUN_TIME_PARTS, Isolation
 from chain.look import capture, progress, trace
 from chain.memory import Memory, Recall, enabled_by_env, hit_note, miss_note, replay
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
@@ -316,7 +316,11 @@ class Chain:
 
         weights = None  # fingerprints of the weights as selection leaves them, no copies
         if self.watch and reference.isolation is not None and reference.runs is not None:
-            weights = reference.isolation.watch(reference.runs, snapshots=False)
+            # fingerprints in RUN_TIME_PARTS, one per re-verification: a sum over every
+            # weight each time cost a tiny BERT's call four times over (its vocabulary)
+            weights = reference.isolation.watch(
+                reference.runs, snapshots=False, parts=RUN_TIME_PARTS
+            )
 
         # activations: their versions are read every call; the weights' (parameters and
         # buffers) with their fingerprints at each re-verification

@@ -134,15 +134,16 @@ class GuardedGraph:
                 return self._recover(active, BackendExit(exc), args, None)
         n = watch.call_number()
         kept = watch.writes.keep(args) if watch.writes is not None else None
-        versions = watch.versions(args)
+        versioned = watch.versioned  # read here, not in a method: this path runs every call
+        versions = [args[i]._version for i in versioned]
         try:
             out, reason = _checked(active.fn, watch, n, args, kept)
         except Exception as exc:
             return self._recover(active, exc, args, kept)
         except SystemExit as exc:
             return self._recover(active, BackendExit(exc), args, kept)
-        if moved := watch.wrote(args, versions):
-            self._written(active, n, moved, args)
+        if versioned and [args[i]._version for i in versioned] != versions:
+            self._written(active, n, watch.wrote(args, versions), args)
         if reason is not None:
             return self._recover(active, Demoted(n, reason), args, kept)
         return out

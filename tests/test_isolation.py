@@ -324,3 +324,23 @@ def test_the_joined_weight_check_sees_a_write_that_bypasses_the_version(
     assert watch.changed() == ([i], [])
     with pytest.raises(WeightsDamaged, match=names[i].replace(".", r"\.")):
         watch.check("a backend")
+
+
+def test_run_time_weight_checks_cover_every_weight_in_turn() -> None:
+    """After selection the fingerprints are compared one part at a time: every floating
+    weight is in exactly one part, and a write bypassing the version counter to the last
+    weight is seen within `parts` checks (by the part that holds it, not before), then
+    named by the full check."""
+    tensors, names = _bert_weights()
+    watch = isolation_module.WeightWatch(tensors, names, snapshots=False, parts=8)
+    floating = [t for t in tensors.values() if t.is_floating_point()]
+    assert len(watch.groups) == 8
+    assert [id(t) for group in watch.groups for t in group] == [id(t) for t in floating]
+    assert all(watch.unchanged() for _ in range(8))  # a whole round: nothing changed
+    last = max(i for i, t in tensors.items() if t.is_floating_point())
+    _unsampled_element(tensors[last])
+    seen = [watch.unchanged() for _ in range(8)]
+    assert seen == [True] * 7 + [False]  # the last part holds the last weight
+    assert [watch.check("a backend") for _ in range(7)] == [None] * 7  # parts 1 to 7
+    with pytest.raises(WeightsDamaged, match=names[last].replace(".", r"\.")):
+        watch.check("a backend")  # the eighth part: the full check names the weight

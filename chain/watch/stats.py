@@ -16,6 +16,7 @@ class RunChecks:
     reverified: int = 0  # calls also re-run in eager and compared
     float64: int = 0  # of those, the ones eager alone could not pass: float64 ran too
     scanned: float = 1.0  # share of calls whose CPU outputs are scanned for NaN/inf
+    reverify_s: float = 0.0  # time spent re-verifying (eager's runs, float64's, comparisons)
     failures: list[str] = field(default_factory=list)  # "backend at call N: reason"
     unchecked: list[str] = field(default_factory=list)  # what the cheap checks leave out
 
@@ -35,6 +36,7 @@ class RunChecks:
             reverified=int(data.get("reverified", 0)),
             float64=int(data.get("float64", 0)),
             scanned=float(data.get("scanned", 1.0)),
+            reverify_s=float(data.get("reverify_s", 0.0)),
             failures=[str(x) for x in data.get("failures", [])],
             unchecked=[str(x) for x in data.get("unchecked", [])],
         )

@@ -98,8 +98,6 @@ class Watch:
 
     def wrote(self, args: Sequence[Any], before: list[int]) -> list[int]:
         """After a call: the inputs whose version moved though eager does not write them."""
-        if [args[i]._version for i in self.versioned] == before:  # the usual case, in one go
-            return []
         return [i for i, v in zip(self.versioned, before, strict=True) if args[i]._version != v]
 
     def call_number(self) -> int:
@@ -114,8 +112,7 @@ class Watch:
         if self.expected is None:
             return None, False
         share = self.scan_share
-        scan = share >= 1.0 or self._draw() < share
-        reason, suspect = self.expected.check(args, out, scan)
+        reason, suspect = self.expected.check(args, out, share >= 1.0 or self._draw() < share)
         return reason, suspect or n >= self.schedule.due
 
     def can_reverify_after(self, kept: dict[int, Any] | None) -> bool:
@@ -164,9 +161,11 @@ class Watch:
         if self.weights is not None:  # writes behind version counters; WeightsDamaged when
             damaged = self.weights(f"the winner (at run time, call {n})")  # values changed
             reason = reason or damaged
+        cost_s = time.perf_counter() - start - call_s
         self.stats.reverified += 1
+        self.stats.reverify_s += cost_s
         if timed:
-            self.schedule.done(n, time.perf_counter() - start - call_s, call_s)
+            self.schedule.done(n, cost_s, call_s)
         return out, reason
 
     def share_scans(self, scan_s: float, call_s: float) -> None:
