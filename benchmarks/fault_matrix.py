@@ -226,11 +226,11 @@ damage is caught at a sampled re-verification (each reads every weight's version
 and the fingerprints of one eighth of the weights in turn, the first eighth first): the
 fault strikes from the runner's 2nd call after selection, call 2 is always re-verified, and
 the weight it scales is in the first eighth, so it is caught at the damaging call itself;
-under 8 threads at the first re-verified call among those in flight. A fault that is only wrong in value (`wrong`) is
-likewise caught at the next sampled re-verification (calls 2, 4, 8, ..., then at
-reverify_rate={rate} of run time): calls of other threads in flight beside the first
-wrong one can return the wrong answer before the demotion (`threads`: 5 of 17 calls in one
-run of two, 0 in the other); `--reverify-rate 1` re-verifies every call.
+under 8 threads at the first re-verified call among those in flight. A fault that is only
+wrong in value (`wrong`) is likewise caught at the next sampled re-verification (calls 2,
+4, 8, ..., then at reverify_rate={rate} of run time): calls of other threads in flight
+beside the first wrong one can return the wrong answer before the demotion (`threads`: 5
+of 17 calls in one run of two, 0 in the other); `--reverify-rate 1` re-verifies every call.
 Shape, dtype and aliasing faults are caught on every call (the cheap checks); NaN on every
 call where the NaN/inf scan costs at most 0.5% of a call, else on a random sample of calls
 (`scanned` on the record; on this model about a tenth) and at each re-verification."""

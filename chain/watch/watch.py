@@ -7,9 +7,9 @@ Re-verification uses selection's rule (`chain.verify.compare`) against an eager 
 call's own arguments, before the winner's call and on copies of what the graph writes, so
 no write is applied twice. As for a remembered winner, a winner within the bound that
 eager's recorded error against float64 gives (`chain.accuracy.near_eager`) passes on that
-eager run alone; float64 runs only for what that does not clearly pass. This makes a
-re-verification cost about one eager call, not ten (the float64 graph is slow on CPU), so
-the same budget re-verifies about ten times as often.
+eager run alone; float64 runs only for what that does not clearly pass. On the suite's
+tiny BERT a re-verification went from 2.8 ms (eager, float64, every weight's fingerprint)
+to about 1.1 ms, so the same budget re-verifies about twice as often.
 """
 
 from __future__ import annotations
