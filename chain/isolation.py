@@ -172,6 +172,7 @@ class WeightWatch:
     groups: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
     group_prints: list[torch.Tensor] = field(default_factory=list)
     turn: int = 0
+    ungrouped: tuple[int, ...] = ()  # positions outside the groups, fingerprinted one by one
 
     def __post_init__(self) -> None:
         self.prints = {i: Fingerprint.of(t) for i, t in self.tensors.items()}
@@ -179,6 +180,8 @@ class WeightWatch:
         if floating and len({t.device for t in floating}) == 1:
             self.groups = _groups(floating, self.parts)
             self.group_prints = [_joined(group) for group in self.groups]
+        grouped = {id(t) for group in self.groups for t in group}
+        self.ungrouped = tuple(i for i, t in self.tensors.items() if id(t) not in grouped)
         size = sum(t.numel() * t.element_size() for t in self.tensors.values())
         if self.snapshots and size <= SNAPSHOT_BYTES:
             self.snapshot = {i: t.detach().to("cpu", copy=True) for i, t in self.tensors.items()}
@@ -190,9 +193,8 @@ class WeightWatch:
         instead of 1.4 ms for all). False may be a NaN in a weight."""
         if any(t._version != self.prints[i].version for i, t in self.tensors.items()):
             return False
-        grouped = {id(t) for group in self.groups for t in group}
-        for i, t in self.tensors.items():
-            if id(t) not in grouped and not Fingerprint.of(t).same_values(self.prints[i]):
+        for i in self.ungrouped:
+            if not Fingerprint.of(self.tensors[i]).same_values(self.prints[i]):
                 return False
         if not self.groups:
             return True

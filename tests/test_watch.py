@@ -60,6 +60,22 @@ class Switch:
         return run
 
 
+class Captured:
+    """A dynamo backend that compiles through `chain_backend` and keeps each guard, so a test
+    can reach its watch; `setup(watch)` runs on each before its first call."""
+
+    def __init__(self, chain_backend: Any, setup: Callable[[Any], None] | None = None) -> None:
+        self.chain, self.setup = chain_backend, setup
+        self.guards: list[Any] = []
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        guard = self.chain(gm, example_inputs)
+        if self.setup is not None:
+            self.setup(guard.active.watch)
+        self.guards.append(guard)
+        return guard
+
+
 def _demoted(record: GraphRecord) -> str:
     """The reason of the graph's first attempt, which must be a run-time mismatch."""
     first = record.attempts[0]
@@ -219,14 +235,9 @@ def test_nan_every_third_call_is_caught_by_a_sampled_scan() -> None:
     calls (here) is scanned: a NaN every third call is caught on the first scanned one, and
     every answer after it is right. The NaN calls before it reached the user (README)."""
     model = zoo.build("bert")
-    guards: list[Any] = []
     backend = chain(LaterWrong(_every_third), "eager", measure=False, reverify_rate=0)
-
-    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        guards.append(backend(gm, example_inputs))
-        guards[-1].active.watch.scan_share = 0.25  # as measured on a graph of ~30 us
-        return guards[-1]
-
+    # a quarter of the calls scanned, as measured on a graph of ~30 us
+    capture = Captured(backend, lambda watch: setattr(watch, "scan_share", 0.25))
     compiled = torch.compile(model, backend=capture)
     args = zoo.inputs("bert", 0)
     with torch.no_grad():
@@ -245,15 +256,9 @@ def test_nan_every_third_call_is_caught_by_a_sampled_scan() -> None:
 def test_the_scan_takes_its_share_of_the_call() -> None:
     """The share of calls scanned follows the scan's measured cost over the call's: all of
     them when it is cheap, a sample when it is not, never fewer than the floor."""
-    guards: list[Any] = []
-    backend = chain(lambda gm, _: gm.forward, "eager", measure=False)
-
-    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        guards.append(backend(gm, example_inputs))
-        return guards[-1]
-
+    capture = Captured(chain(lambda gm, _: gm.forward, "eager", measure=False))
     torch.compile(lambda x: x * 2, backend=capture)(torch.randn(8))
-    watch = guards[0].active.watch
+    watch = capture.guards[0].active.watch
     assert watch.scan_budget == 0.005  # the default reverify_rate 0.01 leaves it at 0.5%
     watch.share_scans(scan_s=1e-6, call_s=1e-3)  # 0.1% of the call: every call
     assert watch.scan_share == 1.0
@@ -309,15 +314,10 @@ def test_float64_at_run_time_sees_the_inputs_as_before_the_call(off: float) -> N
         x.add_(1)
         return x * 2
 
-    guards: list[Any] = []
     winner = LaterWrong(lambda call, args, out: [o + off for o in out])
     backend = chain(winner, "eager", measure=False, reverify_rate=1)
-
-    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        guards.append(backend(gm, example_inputs))
-        guards[-1].active.watch.recorded = None  # float64 judges every re-verification
-        return guards[-1]
-
+    # no recorded error to pass by: float64 judges every re-verification
+    capture = Captured(backend, lambda watch: setattr(watch, "recorded", None))
     compiled = torch.compile(fn, backend=capture, dynamic=False)
     x = torch.zeros(5)
     for k in range(1, 5):
