@@ -12,17 +12,19 @@ it). Arms, interleaved round by round, medians of the per-round means (and of ea
 ratio to today's guard in the same round, with the quartiles of those ratios): eager (the
 model uncompiled); today's guard (a plain try around the winner, as the guard was before
 chain.watch); chain(twin, watch=False) (checks off); chain(twin) (defaults: cheap checks
-every call, re-verification against eager as `reverify_rate` pays for); then the cheap
-checks alone, timed on the graph's real arguments.
+every call, re-verification against eager as `reverify_rate` pays for); the defaults with
+the guard's fast path off (chain.watch.fast: every call by the general path); then the
+cheap checks alone, timed on the graph's real arguments.
 
-The three guards serve one compiled frame, swapped round by round (`Arms`): compiled as
-three models they were three entries in dynamo's cache for BertModel.forward, and where an
+The guards serve one compiled frame, swapped round by round (`Arms`): compiled as
+separate models they were separate entries in dynamo's cache for BertModel.forward, and where an
 arm sat among them moved its time by up to 6%, more than the checks cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -94,6 +96,13 @@ def todays(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     return TodaysGuard(_forward(gm))
 
 
+def general(backend: Any, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """The chain's guard with the fast path off: every call by the general path."""
+    guard = backend(gm, example_inputs)
+    guard.active = dataclasses.replace(guard.active, fast=None)
+    return guard
+
+
 class Arms:
     """What dynamo calls for the one compiled graph: whichever guard `use` picked."""
 
@@ -113,6 +122,9 @@ class Arms:
                 gm, example_inputs
             ),
             "chain(twin) (defaults)": chain(twin, "eager", measure=False)(gm, example_inputs),
+            "defaults, general path": general(
+                chain(twin, "eager", measure=False), gm, example_inputs
+            ),
         }
         self.now = self.guards["today's guard"]
         return self

@@ -14,6 +14,7 @@ from torch import fx
 from backends.errors import BackendExit, one_line
 from chain.isolation import WeightsDamaged
 from chain.watch import Demoted, InputsWritten, Watch
+from chain.watch.fast import NOT_RUN, Slow, fast_path
 
 log = logging.getLogger("chain")
 
@@ -46,6 +47,12 @@ class Active:
     fn: Callable[..., Any]
     backend_index: int
     watch: Watch | None  # None: no checks and nothing written to keep (the plain path)
+    fast: Callable[..., Any] | None = None  # the usual call as one closure (chain.watch.fast)
+
+
+def _active(fn: Callable[..., Any], backend_index: int, watch: Watch | None) -> Active:
+    """The winner `fn` with its watch, and the fast path where the graph allows one."""
+    return Active(fn, backend_index, watch, fast_path(watch, fn) if watch is not None else None)
 
 
 class GuardedGraph:
@@ -78,7 +85,7 @@ class GuardedGraph:
         self.watch_for = watch_for
         winner = chain.backend_name(backend_index)
         self.chain_details = {"graph": graph_id, "winner": winner}
-        self.active = Active(fn, backend_index, watch_for(winner) if watch_for else None)
+        self.active = _active(fn, backend_index, watch_for(winner) if watch_for else None)
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -99,7 +106,7 @@ class GuardedGraph:
         """Run `fn` from now on: the callable of `winner`, at `backend_index` in the chain."""
         watch = self.watch_for(winner) if self.watch_for else None
         self.chain_details["winner"] = winner
-        self.active = Active(fn, backend_index, watch)
+        self.active = _active(fn, backend_index, watch)
 
     def bucket_watch(self, winner: str) -> Watch | None:
         """The run-time checks for a bucket `winner` serves (chain.buckets): the graph's own,
@@ -132,18 +139,46 @@ class GuardedGraph:
                 return self._recover(active, exc, args, None)
             except SystemExit as exc:  # a backend's exit is its failure (KeyboardInterrupt passes)
                 return self._recover(active, BackendExit(exc), args, None)
-        n = watch.call_number()
-        kept = watch.writes.keep(args) if watch.writes is not None else None
-        versioned = watch.versioned  # read here, not in a method: this path runs every call
-        versions = [args[i]._version for i in versioned]
+        if active.fast is None:
+            return self._watched(active, watch, args, watch.call_number())
         try:
-            out, reason = _checked(active.fn, watch, n, args, kept)
+            out = active.fast(*args)
+        except Exception as exc:
+            return self._recover(active, exc, args, None)
+        except SystemExit as exc:
+            return self._recover(active, BackendExit(exc), args, None)
+        if type(out) is not Slow:
+            return out
+        return self._watched(active, watch, args, out.n, out.scan, out.out, out.versions)
+
+    def _watched(
+        self,
+        active: Active,
+        watch: Watch,
+        args: tuple[Any, ...],
+        n: int,
+        scan: bool | None = None,
+        ran: Any = NOT_RUN,
+        versions: list[int] | None = None,
+    ) -> Any:
+        """Call `n` by the general path: kept, checked, re-verified as the schedule says,
+        written inputs looked for; `ran`: the winner's output when the fast path has already
+        called it (`versions`: the activations' versions it read before)."""
+        kept = None
+        if ran is NOT_RUN:
+            kept = watch.writes.keep(args) if watch.writes is not None else None
+            versions = watch.versions(args)
+        try:
+            if ran is NOT_RUN:
+                out, reason = _checked(active.fn, watch, n, args, kept, scan)
+            else:
+                out, reason = _judged(watch, n, args, kept, ran, False)
         except Exception as exc:
             return self._recover(active, exc, args, kept)
         except SystemExit as exc:
             return self._recover(active, BackendExit(exc), args, kept)
-        if versioned and [args[i]._version for i in versioned] != versions:
-            self._written(active, n, watch.wrote(args, versions), args)
+        if versions and (moved := watch.wrote(args, versions)):
+            self._written(active, n, moved, args)
         if reason is not None:
             return self._recover(active, Demoted(n, reason), args, kept)
         return out
@@ -228,13 +263,26 @@ def _checked(
     n: int,
     args: tuple[Any, ...],
     kept: dict[int, Any] | None,
+    scan: bool | None = None,
 ) -> tuple[Any, str | None]:
     """Call `n` of `fn` under `watch`: re-verified when the schedule says so or the cheap
     checks find it suspect, else checked; (output, why it is wrong)."""
     if n >= watch.schedule.due:
         return watch.reverify(n, args, kept, lambda: fn(*args))
-    out = fn(*args)
-    reason, suspect = watch.check(n, args, out)
+    return _judged(watch, n, args, kept, fn(*args), scan)
+
+
+def _judged(
+    watch: Watch,
+    n: int,
+    args: tuple[Any, ...],
+    kept: dict[int, Any] | None,
+    out: Any,
+    scan: bool | None,
+) -> tuple[Any, str | None]:
+    """The checks of call `n` after the winner returned `out`; a suspect call (NaN/inf
+    found) is re-verified at once."""
+    reason, suspect = watch.check(n, args, out, scan)
     if reason is None and suspect and watch.can_reverify_after(kept):
         return watch.reverify(n, args, kept, lambda: out, timed=False)
     return out, reason

@@ -99,7 +99,9 @@ def test_weights_changed_while_timed_are_a_mismatch_and_restored() -> None:
         assert graph.winner == "eager"
 
 
-def test_a_winner_writing_an_input_eager_leaves_alone_is_demoted_and_the_call_says_so() -> None:
+def test_a_winner_writing_an_input_eager_leaves_alone_is_demoted_and_the_call_says_so(
+    guard_path: str,
+) -> None:
     model, _ = build_extra("bert")
     backend = chain(strikes_after(1, _zero_integer_buffers), "eager", measure=False)
     compiled = torch.compile(model, backend=backend, dynamic=False)

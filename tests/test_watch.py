@@ -84,7 +84,7 @@ def _demoted(record: GraphRecord) -> str:
     return first.reason
 
 
-def test_fallback_under_eight_threads_on_bert_at_two_shapes() -> None:
+def test_fallback_under_eight_threads_on_bert_at_two_shapes(guard_path: str) -> None:
     model = zoo.build("bert")
     shapes = [zoo.inputs("bert", s) for s in (0, 1)]
     switch = Switch()
@@ -179,7 +179,7 @@ def _input_as_output(call: int, args: tuple[Any, ...], out: list[Any]) -> list[A
     ],
 )
 def test_a_winner_wrong_later_is_demoted_with_the_call_number(
-    spoil: Callable[..., list[Any]], reason: str
+    spoil: Callable[..., list[Any]], reason: str, guard_path: str
 ) -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x + 0
@@ -195,7 +195,9 @@ def test_a_winner_wrong_later_is_demoted_with_the_call_number(
     assert graph.watch is not None and graph.watch.failures == [f"later_wrong {reason}"]
 
 
-def test_a_wrong_shape_on_a_dynamic_graph_is_caught_against_this_calls_sizes() -> None:
+def test_a_wrong_shape_on_a_dynamic_graph_is_caught_against_this_calls_sizes(
+    guard_path: str,
+) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, y], dim=0).view(-1)
 
@@ -214,7 +216,9 @@ def _every_third(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
     return [torch.full_like(o, float("nan")) for o in out] if call % 3 == 0 else out
 
 
-def test_nan_every_third_call_never_reaches_the_user_when_every_call_is_scanned() -> None:
+def test_nan_every_third_call_never_reaches_the_user_when_every_call_is_scanned(
+    guard_path: str,
+) -> None:
     """reverify_rate=1 lets the NaN/inf scan take up to half a call: every call is scanned."""
     model = zoo.build("bert")
     backend = chain(LaterWrong(_every_third), "eager", measure=False, reverify_rate=1)
@@ -230,7 +234,7 @@ def test_nan_every_third_call_never_reaches_the_user_when_every_call_is_scanned(
     assert graph.watch is not None and graph.watch.scanned == 1.0
 
 
-def test_nan_every_third_call_is_caught_by_a_sampled_scan() -> None:
+def test_nan_every_third_call_is_caught_by_a_sampled_scan(guard_path: str) -> None:
     """Where the scan would cost more than its share of a call, a random quarter of the
     calls (here) is scanned: a NaN every third call is caught on the first scanned one, and
     every answer after it is right. The NaN calls before it reached the user (README)."""
@@ -268,7 +272,7 @@ def test_the_scan_takes_its_share_of_the_call() -> None:
     assert watch.scan_share == 1 / 32 and watch.stats.scanned == 0.031
 
 
-def test_wrong_numbers_later_are_caught_by_reverification_every_call() -> None:
+def test_wrong_numbers_later_are_caught_by_reverification_every_call(guard_path: str) -> None:
     def off(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
         return [o + 0.1 for o in out] if call >= 3 else out
 
@@ -333,7 +337,7 @@ def test_float64_at_run_time_sees_the_inputs_as_before_the_call(off: float) -> N
         assert (graph.watch.reverified, graph.watch.float64) == (3, 3)
 
 
-def test_a_fresh_tensor_where_eager_returns_a_view_is_caught() -> None:
+def test_a_fresh_tensor_where_eager_returns_a_view_is_caught(guard_path: str) -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         return x.transpose(0, 1)
 
@@ -372,7 +376,7 @@ def test_onnxruntime_keeps_channels_last() -> None:
     assert (graph.watch.calls, graph.watch.failures) == (3, [])
 
 
-def test_a_winner_that_later_drops_channels_last_is_caught() -> None:
+def test_a_winner_that_later_drops_channels_last_is_caught(guard_path: str) -> None:
     """Right layout at selection, plain contiguous from its 3rd run (the user's 3rd call,
     the watch's 2nd: the 1st was answered by selection): caught at that call by the cheap
     checks, and eager answers it in eager's layout."""

@@ -107,12 +107,17 @@ class Watch:
             self.stats.calls = n
         return n
 
-    def check(self, n: int, args: Sequence[Any], out: Any) -> tuple[str | None, bool]:
-        """The cheap checks: (why `out` is wrong, whether to re-verify this call at once)."""
+    def check(
+        self, n: int, args: Sequence[Any], out: Any, scan: bool | None = None
+    ) -> tuple[str | None, bool]:
+        """The cheap checks: (why `out` is wrong, whether to re-verify this call at once).
+        `scan`: whether to scan the outputs for NaN/inf (None: as `scan_share` draws)."""
         if self.expected is None:
             return None, False
-        share = self.scan_share
-        reason, suspect = self.expected.check(args, out, share >= 1.0 or self._draw() < share)
+        if scan is None:
+            share = self.scan_share
+            scan = share >= 1.0 or self._draw() < share
+        reason, suspect = self.expected.check(args, out, scan)
         return reason, suspect or n >= self.schedule.due
 
     def can_reverify_after(self, kept: dict[int, Any] | None) -> bool:

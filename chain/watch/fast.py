@@ -1,0 +1,78 @@
+"""The usual call of a watched winner as one closure: the same cheap checks, fewer steps.
+
+The general path (`chain.guard`) goes through the watch's methods, the output spec and the
+schedule, each a Python frame whose attributes are read after the graph's own ops, with
+cold caches: about 12 us a call on a tiny BERT whose call takes 0.4 ms, 3% of it. For a
+graph that writes none of its inputs (most: nothing to keep before the call) with outputs
+in a flat tuple, `fast_path` binds what the checks read into one closure, which does the
+usual call in full (the same conditions as `Expected.check`, in one loop) and hands every
+other (a call to re-verify or to scan for NaN/inf, an output that fails a check, an
+activation written) to the general path as a `Slow`, which finds the same failure and
+words it: a verdict is always the general path's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from chain.watch.expect import _fits, _layout
+from chain.watch.watch import Watch
+
+NOT_RUN = object()  # Slow.out of a call the fast path left to the general path whole
+
+
+class Slow(NamedTuple):
+    """A call for the general path: before the winner ran (`out` is NOT_RUN), or after it
+    ran and a check failed (`out`, with the activations' versions read before it ran)."""
+
+    n: int
+    scan: bool | None = None  # before the winner ran: whether this call is scanned
+    out: Any = NOT_RUN
+    versions: list[int] | None = None
+
+
+def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """`fn` under `watch`'s cheap checks as one closure returning the output or a `Slow`;
+    None when the graph needs the general path on every call (it writes an input, so each
+    call keeps a copy first; its outputs are not a flat tuple; a bucket's watch)."""
+    expected = watch.expected
+    if expected is None or watch.writes is not None or not expected.flat:
+        return None
+    if not watch.counts_calls:
+        return None
+    counter, stats, schedule, draw = watch.counter, watch.stats, watch.schedule, watch._draw
+    scans, count = expected.scans, expected.count
+    specs = tuple(
+        (s.index, s.dtype, s.static, s.on_cpu, s.device, s if s.layout else None, s)
+        for s in expected.specs
+    )
+    versioned = watch.versioned
+    tensor = torch.Tensor
+
+    def call(*args: Any) -> Any:
+        n = next(counter)
+        stats.calls = n
+        if n >= schedule.due:
+            return Slow(n)
+        if scans and draw() < watch.scan_share:  # drawn here, so the general path does not
+            return Slow(n, True)  # draw again
+        versions = [args[i]._version for i in versioned] if versioned else None
+        out = fn(*args)
+        if isinstance(out, tuple | list) and len(out) == count:
+            for i, dtype, static, on_cpu, device, layout, spec in specs:
+                t = out[i]
+                if not (
+                    isinstance(t, tensor)
+                    and t.dtype == dtype
+                    and (t.is_cpu if on_cpu else t.device == device)
+                    and (t.shape == static if static is not None else _fits(t, spec, args))
+                ) or (layout is not None and _layout(t, layout, args) is not None):
+                    return Slow(n, False, out, versions)
+            if versions is None or [args[i]._version for i in versioned] == versions:
+                return out
+        return Slow(n, False, out, versions)
+
+    return call
