@@ -1,6 +1,6 @@
 """Per-call cost of the guard's run-time checks (chain.watch) on a tiny BertModel.
 
-    python benchmarks/guard_overhead.py [--model toy] [--calls 200] [--rounds 40] [--threads 1]
+    python benchmarks/guard_overhead.py [--model toy] [--calls 10] [--rounds 1000] [--threads 1]
 
 Models: `toy` (the safety suite's BertModel: hidden 32, 2x8 tokens, about 0.4 ms a call, a
 third of it dynamo's own frame), `bert-tiny` and `bert-mini` (the configs of Google's BERT
@@ -8,23 +8,30 @@ miniatures L-2_H-128 and L-4_H-256, random weights, 2x32 tokens): the checks cos
 microseconds a call whatever the model, so the smaller the call, the larger their share.
 
 The winner is `twin` (the graph's own forward under another name, so the checks apply to
-it). Arms, interleaved round by round, medians of the per-round means (and of each round's
-ratio to today's guard in the same round, with the quartiles of those ratios): eager (the
+it). Arms, interleaved in many short rounds (in a new random order each round), so a shared
+machine's drift moves every arm alike: each arm's mean time per call, its total time over
+today's guard's (everything it did: re-verification included) with a 95% bootstrap
+interval over rounds, and the median of the per-round ratios. The arms: eager (the
 model uncompiled); today's guard (a plain try around the winner, as the guard was before
 chain.watch); chain(twin, watch=False) (checks off); chain(twin) (defaults: cheap checks
 every call, re-verification against eager as `reverify_rate` pays for); the defaults with
 the guard's fast path off (chain.watch.fast: every call by the general path); then the
 cheap checks alone, timed on the graph's real arguments.
 
-The guards serve one compiled frame, swapped round by round (`Arms`): compiled as
-separate models they were separate entries in dynamo's cache for BertModel.forward, and where an
-arm sat among them moved its time by up to 6%, more than the checks cost.
+The guards serve one compiled frame, swapped round by round (`Arms`): compiled as separate
+models they were separate entries in dynamo's cache for BertModel.forward, and where an arm
+sat among them moved its time by up to 6%, more than the checks cost. Rounds of 100 calls
+or more let the machine's drift in between arms: paired medians of +1% to +5% for the same
+code in three runs. And with the order rotated rather than shuffled, today's guard always
+came right after the uncompiled model, whose call leaves the compiled frame's first call
+slower: that flattered every other arm by 1-3% on long rounds, 11% on rounds of 10.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import random
 import statistics
 import sys
 import time
@@ -144,11 +151,24 @@ def per_call_us(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> fl
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def interval(arm: list[float], base: list[float], draws: int = 1000) -> tuple[float, float]:
+    """A 95% bootstrap interval (over rounds, seeded) of `arm`'s total time over `base`'s,
+    in percent: the rounds are resampled whole, so each keeps its pair."""
+    pick = random.Random(0).randrange
+    n = len(arm)
+    ratios = []
+    for _ in range(draws):
+        rounds = [pick(n) for _ in range(n)]
+        ratios.append(100 * (sum(arm[i] for i in rounds) / sum(base[i] for i in rounds) - 1))
+    ratios.sort()
+    return ratios[int(0.025 * draws)], ratios[int(0.975 * draws) - 1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="toy", choices=("toy", *MINIATURES))
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--calls", type=int, default=10, help="calls per arm per round")
+    parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--shape", type=int, default=0, choices=(0, 1, 2))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--verbose", action="store_true", help="every round's mean")
@@ -167,29 +187,30 @@ def main() -> None:
         calls: dict[str, Callable[..., Any]] = {"eager (no compile)": model}
         calls |= {name: compiled for name in arms.guards}
         samples: dict[str, list[float]] = {name: [] for name in calls}
-        for r in range(args.rounds):
+        shuffle = random.Random(0).shuffle
+        for _ in range(args.rounds):
             names = list(calls)
-            names = names[r % len(names) :] + names[: r % len(names)]  # rotate the order
+            # a new order each round: rotated, each arm always followed the same one, and
+            # the first call after the uncompiled model costs more (+11% on 10-call rounds)
+            shuffle(names)
             for name in names:
                 if name in arms.guards:
                     arms.use(name)
                 samples[name].append(per_call_us(calls[name], inputs, args.calls))
-    medians = {name: statistics.median(s) for name, s in samples.items()}
     if args.verbose:
         for name, s in samples.items():
             print(name, " ".join(f"{v:.0f}" for v in s))
-    base = medians["today's guard"]
-    print(f"BertModel {args.model} ({what}), {torch.get_num_threads()} torch threads")
     today = samples["today's guard"]
-    print(f"{'':28} {'median us/call':>15} {'vs today':>10} {'paired':>9} {'IQR':>17}")
-    for name, us in medians.items():
-        # per round against today's in the same round: slow drifts of a shared machine
-        # move both alike
-        ratios = [100 * (a / b - 1) for a, b in zip(samples[name], today, strict=True)]
-        q1, mid, q3 = statistics.quantiles(ratios, n=4)
+    print(f"BertModel {args.model} ({what}), {torch.get_num_threads()} torch threads")
+    print(f"{args.rounds} rounds of {args.calls} call(s) per arm, interleaved")
+    print(f"{'':28} {'us/call':>8} {'total vs today':>15} {'95% interval':>19} {'paired':>8}")
+    for name, s in samples.items():
+        low, high = interval(s, today)
+        # per round against today's in the same round: drifts of a shared machine move both
+        paired = statistics.median(100 * (a / b - 1) for a, b in zip(s, today, strict=True))
         print(
-            f"{name:28} {us:15.1f} {100 * (us / base - 1):+9.2f}% {mid:+8.2f}% "
-            f"[{q1:+6.2f}%, {q3:+6.2f}%]"
+            f"{name:28} {statistics.fmean(s):8.1f} {100 * (sum(s) / sum(today) - 1):+14.2f}% "
+            f"[{low:+7.2f}%, {high:+7.2f}%] {paired:+7.2f}%"
         )
     stats = default_watch.stats
     print(stats)
@@ -206,7 +227,7 @@ def main() -> None:
         for n in range(10000):
             watch.check(n, graph_args, out)
         check_us = (time.perf_counter() - start) / 10000 * 1e6
-    share = 100 * check_us / medians["chain(twin, watch=False)"]
+    share = 100 * check_us / statistics.fmean(samples["chain(twin, watch=False)"])
     print(f"cheap checks alone: {check_us:.2f} us/call ({share:.2f}% of a call)")
 
 

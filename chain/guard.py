@@ -172,7 +172,7 @@ class GuardedGraph:
             if ran is NOT_RUN:
                 out, reason = _checked(active.fn, watch, n, args, kept, scan)
             else:
-                out, reason = _judged(watch, n, args, kept, ran, False)
+                out, reason = _judged(watch, n, args, kept, ran, bool(scan))
         except Exception as exc:
             return self._recover(active, exc, args, kept)
         except SystemExit as exc:

@@ -5,10 +5,10 @@ schedule, each a Python frame whose attributes are read after the graph's own op
 cold caches: about 12 us a call on a tiny BERT whose call takes 0.4 ms, 3% of it. For a
 graph that writes none of its inputs (most: nothing to keep before the call) with outputs
 in a flat tuple, `fast_path` binds what the checks read into one closure, which does the
-usual call in full (the same conditions as `Expected.check`, in one loop) and hands every
-other (a call to re-verify or to scan for NaN/inf, an output that fails a check, an
-activation written) to the general path as a `Slow`, which finds the same failure and
-words it: a verdict is always the general path's.
+usual call in full (the same conditions as `Expected.check`, in one loop, and the NaN/inf
+scan on the calls drawn for it) and hands every other (a call to re-verify, an output that
+fails a check, an activation written, a NaN found) to the general path as a `Slow`, which
+finds the same failure and words it: a verdict is always the general path's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from chain.watch.expect import _fits, _layout
+from chain.watch.expect import _finite, _fits, _layout
 from chain.watch.watch import Watch
 
 NOT_RUN = object()  # Slow.out of a call the fast path left to the general path whole
@@ -26,10 +26,11 @@ NOT_RUN = object()  # Slow.out of a call the fast path left to the general path 
 
 class Slow(NamedTuple):
     """A call for the general path: before the winner ran (`out` is NOT_RUN), or after it
-    ran and a check failed (`out`, with the activations' versions read before it ran)."""
+    ran and a check failed (`out`, with the activations' versions read before it ran;
+    `scan` True: a NaN/inf was found)."""
 
     n: int
-    scan: bool | None = None  # before the winner ran: whether this call is scanned
+    scan: bool | None = None  # whether to scan the outputs for NaN/inf (None: as drawn)
     out: Any = NOT_RUN
     versions: list[int] | None = None
 
@@ -44,7 +45,8 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     if not watch.counts_calls:
         return None
     counter, stats, schedule, draw = watch.counter, watch.stats, watch.schedule, watch._draw
-    scans, count = expected.scans, expected.count
+    count = expected.count
+    scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
     specs = tuple(
         (s.index, s.dtype, s.static, s.on_cpu, s.device, s if s.layout else None, s)
         for s in expected.specs
@@ -57,8 +59,6 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
         stats.calls = n
         if n >= schedule.due:
             return Slow(n)
-        if scans and draw() < watch.scan_share:  # drawn here, so the general path does not
-            return Slow(n, True)  # draw again
         versions = [args[i]._version for i in versioned] if versioned else None
         out = fn(*args)
         if isinstance(out, tuple | list) and len(out) == count:
@@ -71,8 +71,11 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     and (t.shape == static if static is not None else _fits(t, spec, args))
                 ) or (layout is not None and _layout(t, layout, args) is not None):
                     return Slow(n, False, out, versions)
-            if versions is None or [args[i]._version for i in versioned] == versions:
-                return out
+            if versions is not None and [args[i]._version for i in versioned] != versions:
+                return Slow(n, False, out, versions)
+            if scanned and draw() < watch.scan_share and not all(_finite(out[i]) for i in scanned):
+                return Slow(n, True, out, versions)  # suspect: re-verified at once
+            return out
         return Slow(n, False, out, versions)
 
     return call
