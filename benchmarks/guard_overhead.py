@@ -1,6 +1,7 @@
 """Per-call cost of the guard's run-time checks (chain.watch) on a tiny BertModel.
 
     python benchmarks/guard_overhead.py [--model toy] [--calls 10] [--rounds 1000] [--threads 1]
+        [--reverify-rate R]
 
 Models: `toy` (the safety suite's BertModel: hidden 32, 2x8 tokens, about 0.4 ms a call, a
 third of it dynamo's own frame), `bert-tiny` and `bert-mini` (the configs of Google's BERT
@@ -113,7 +114,9 @@ def general(backend: Any, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
 class Arms:
     """What dynamo calls for the one compiled graph: whichever guard `use` picked."""
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
+        """`options`: chain() options of the two checked arms (none: the defaults)."""
+        self.options = options
         self.guards: dict[str, Callable[..., Any]] = {}
         self.now: Callable[..., Any] | None = None
         self.args: list[Any] = []
@@ -128,9 +131,11 @@ class Arms:
             "chain(twin, watch=False)": chain(twin, "eager", measure=False, watch=False)(
                 gm, example_inputs
             ),
-            "chain(twin) (defaults)": chain(twin, "eager", measure=False)(gm, example_inputs),
+            "chain(twin) (defaults)": chain(twin, "eager", measure=False, **self.options)(
+                gm, example_inputs
+            ),
             "defaults, general path": general(
-                chain(twin, "eager", measure=False), gm, example_inputs
+                chain(twin, "eager", measure=False, **self.options), gm, example_inputs
             ),
         }
         self.now = self.guards["today's guard"]
@@ -171,6 +176,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--shape", type=int, default=0, choices=(0, 1, 2))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--reverify-rate", type=float, help="of the checked arms (default: the chain's, 0.01)"
+    )
     parser.add_argument("--verbose", action="store_true", help="every round's mean")
     args = parser.parse_args()
     if (why := zoo.available()) is not None:
@@ -178,7 +186,8 @@ def main() -> None:
     torch.manual_seed(0)
     model, inputs, what = build(args.model, args.shape)
     torch.set_num_threads(args.threads)
-    arms = Arms()
+    options = {} if args.reverify_rate is None else {"reverify_rate": args.reverify_rate}
+    arms = Arms(**options)
     compiled = torch.compile(model, backend=arms.backend)
     with torch.no_grad():
         compiled(*inputs)  # compiles, and builds each arm's guard
