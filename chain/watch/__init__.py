@@ -2,7 +2,8 @@
 
 `Watch` checks every call of a winner cheaply (`expect`), re-verifies a sample of calls
 against eager on the real arguments (`schedule`, `reverify`), keeps what a graph writes so
-a failed call can be undone (`writes`), and counts all of it on the graph's record (`stats`).
+a failed call can be undone (`writes`), and counts all of it on the graph's record (`stats`);
+`fast` runs the usual call of most graphs as one closure with the same checks.
 """
 
 from chain.watch.expect import Expected
