@@ -139,10 +139,11 @@ class GuardedGraph:
                 return self._recover(active, exc, args, None)
             except SystemExit as exc:  # a backend's exit is its failure (KeyboardInterrupt passes)
                 return self._recover(active, BackendExit(exc), args, None)
-        if active.fast is None:
+        fast = active.fast
+        if fast is None:
             return self._watched(active, watch, args, watch.call_number())
         try:
-            out = active.fast(*args)
+            out = fast(*args)
         except Exception as exc:
             return self._recover(active, exc, args, None)
         except SystemExit as exc:

@@ -48,8 +48,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     count = expected.count
     scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
     specs = tuple(
-        (s.index, s.dtype, s.static, s.on_cpu, s.device, s if s.layout else None, s)
-        for s in expected.specs
+        (s.index, s.dtype, s.static, s.on_cpu, s.device, s.layout, s) for s in expected.specs
     )
     versioned = watch.versioned
     tensor = torch.Tensor
@@ -69,7 +68,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     and t.dtype == dtype
                     and (t.is_cpu if on_cpu else t.device == device)
                     and (t.shape == static if static is not None else _fits(t, spec, args))
-                ) or (layout is not None and _layout(t, layout, args) is not None):
+                ) or (layout and _layout(t, spec, args) is not None):
                     return Slow(n, False, out, versions)
             if versions is not None and [args[i]._version for i in versioned] != versions:
                 return Slow(n, False, out, versions)
