@@ -42,6 +42,13 @@ def _run(backend: Any, batch: int = 4) -> Any:
     return backend.report.graphs[-1]
 
 
+def _fastest(store: Any) -> Any:
+    """Inductor and eager, timed, remembering in `store`. No eager floor: under it a winner
+    that tied below 1x eager is not remembered (its own test below), which made these
+    tests' second chain miss on a noisy machine."""
+    return chain("inductor", "eager", mode="fastest", eager_floor=False, store=store, memory=True)
+
+
 def _remembered(record: Any) -> bool:
     return any(n.startswith("remembered:") for n in record.notes)
 
@@ -66,11 +73,11 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_hit_compiles_only_the_winner_and_keeps_the_figures(
     tmp_path: Path, compiles: list[str]
 ) -> None:
-    first = _run(chain("inductor", "eager", mode="fastest", store=tmp_path, memory=True))
+    first = _run(_fastest(tmp_path))
     assert not _remembered(first)
     assert sorted(compiles) == ["eager", "inductor"]
     compiles.clear()
-    second = _run(chain("inductor", "eager", mode="fastest", store=tmp_path, memory=True))
+    second = _run(_fastest(tmp_path))
     assert _remembered(second), second.notes
     assert compiles == [first.winner]
     assert second.winner == first.winner
@@ -315,9 +322,9 @@ def redis_url() -> Iterator[str]:
 
 def test_redis_store_serves_a_second_chain(redis_url: str, compiles: list[str]) -> None:
     clear(redis_url)
-    first = _run(chain("inductor", "eager", mode="fastest", store=redis_url, memory=True))
+    first = _run(_fastest(redis_url))
     compiles.clear()
-    second = _run(chain("inductor", "eager", mode="fastest", store=redis_url, memory=True))
+    second = _run(_fastest(redis_url))
     assert _remembered(second), second.notes
     assert compiles == [first.winner]
     [row] = entries(redis_url)
@@ -392,7 +399,8 @@ def counting(backend, *args, **kwargs):
     return real(backend, *args, **kwargs)
 core.try_backend = counting
 
-backend = chain("onnxruntime", "eager", mode="fastest", report_path=sys.argv[1])
+backend = chain("onnxruntime", "eager", mode="fastest", eager_floor=False,
+                report_path=sys.argv[1])
 fast = torch.compile(zoo.build("bert"), backend=backend)
 with torch.no_grad():
     for shape in (0, 1):
