@@ -1,7 +1,7 @@
 """Fault x where it strikes x outcome: does the chain keep its promise on a tiny BertModel?
 
     python benchmarks/fault_matrix.py [--faults raises,wrong] [--where compile,later]
-                                      [--timeout 3] [--reverify-rate 0.01] [--calls 6]
+                                      [--timeout 3] [--reverify-rate 0.005] [--calls 6]
 
 Each cell builds a fresh chain(`faulty`, "eager") (no eager floor, so `faulty` wins when it
 behaves at selection) where `faulty` is the graph's own forward with one fault injected at
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", default=",".join(FAULTS))
     p.add_argument("--where", default=",".join(PLACES))
     p.add_argument("--timeout", type=float, default=3.0, help="compile_timeout_s (default 3)")
-    p.add_argument("--reverify-rate", type=float, default=0.01, help="the chain's default")
+    p.add_argument("--reverify-rate", type=float, default=0.005, help="the chain's default")
     p.add_argument("--calls", type=int, default=6, help="calls after selection per shape")
     args = p.parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]

@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--shape", type=int, default=0, choices=(0, 1, 2))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument(
-        "--reverify-rate", type=float, help="of the checked arms (default: the chain's, 0.01)"
+        "--reverify-rate", type=float, help="of the checked arms (default: the chain's, 0.005)"
     )
     parser.add_argument("--verbose", action="store_true", help="every round's mean")
     args = parser.parse_args()

@@ -70,7 +70,7 @@ class Chain:
         eager_floor: bool = True,
         cuda_graphs: str | bool = "auto",
         watch: bool = True,
-        reverify_rate: float = 0.01,
+        reverify_rate: float = 0.005,
         memory: bool | None = None,
         store: str | os.PathLike[str] | None = None,
         bucket_after: int | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -267,9 +268,16 @@ def _checked(
     scan: bool | None = None,
 ) -> tuple[Any, str | None]:
     """Call `n` of `fn` under `watch`: re-verified when the schedule says so or the cheap
-    checks find it suspect, else checked; (output, why it is wrong)."""
-    if n >= watch.schedule.due:
-        return watch.reverify(n, args, kept, lambda: fn(*args))
+    checks find it suspect, else checked (and timed, when the schedule asks, to book what
+    a re-verification slowed); (output, why it is wrong)."""
+    schedule = watch.schedule
+    if n >= schedule.mark:  # a call around a re-verification
+        if n >= schedule.due:
+            return watch.reverify(n, args, kept, lambda: fn(*args))
+        start = time.perf_counter()
+        out = fn(*args)
+        watch.timed(n, time.perf_counter() - start)
+        return _judged(watch, n, args, kept, out, scan)
     return _judged(watch, n, args, kept, fn(*args), scan)
 
 

@@ -17,6 +17,7 @@ from chain import Status, chain
 from chain.bench import zoo
 from chain.records import GraphRecord
 from chain.watch import RunChecks
+from chain.watch.schedule import AFTER, SETTLED, Schedule
 
 pytestmark = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 
@@ -263,13 +264,56 @@ def test_the_scan_takes_its_share_of_the_call() -> None:
     capture = Captured(chain(lambda gm, _: gm.forward, "eager", measure=False))
     torch.compile(lambda x: x * 2, backend=capture)(torch.randn(8))
     watch = capture.guards[0].active.watch
-    assert watch.scan_budget == 0.005  # the default reverify_rate 0.01 leaves it at 0.5%
+    assert watch.scan_budget == 0.0025  # the default reverify_rate 0.005: 0.25%
     watch.share_scans(scan_s=1e-6, call_s=1e-3)  # 0.1% of the call: every call
     assert watch.scan_share == 1.0
-    watch.share_scans(scan_s=10e-6, call_s=400e-6)  # 2.5%: a fifth of the calls
-    assert watch.scan_share == pytest.approx(0.2)
+    watch.share_scans(scan_s=10e-6, call_s=400e-6)  # 2.5%: a tenth of the calls
+    assert watch.scan_share == pytest.approx(0.1)
     watch.share_scans(scan_s=10e-6, call_s=10e-6)  # as long as the call: the floor
     assert watch.scan_share == 1 / 32 and watch.stats.scanned == 0.031
+
+
+def test_calls_around_a_reverification_are_timed_and_booked(
+    guard_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the calls the schedule asks for are timed (chain.watch.schedule): the few right
+    after each re-verification, whose slowdown is booked to it, and one settled call before
+    the next; the others run untimed, on either path."""
+    timed: list[int] = []
+    reverified: list[int] = []
+    real_timed, real_done = Schedule.timed, Schedule.done
+
+    def record_timed(self: Schedule, call: int, call_s: float) -> float:
+        timed.append(call)
+        return real_timed(self, call, call_s)
+
+    def record_done(self: Schedule, call: int, cost_s: float, call_s: float) -> float:
+        reverified.append(call)
+        return real_done(self, call, cost_s, call_s)
+
+    monkeypatch.setattr(Schedule, "timed", record_timed)
+    monkeypatch.setattr(Schedule, "done", record_done)
+    capture = Captured(chain(lambda gm, _: gm.forward, "eager", measure=False, reverify_rate=0.05))
+    model = zoo.build("bert")
+    compiled = torch.compile(model, backend=capture)
+    with torch.no_grad():
+        args = zoo.inputs("bert", 0)
+        for _ in range(400):
+            compiled(*args)
+    schedule = capture.guards[0].active.watch.schedule
+    assert len(reverified) >= 8 and timed
+    settled = 0
+    for call in timed:
+        last = max(r for r in reverified if r < call)
+        after = [r for r in reverified if r > call]
+        following = after[0] if after else schedule.due
+        if call - last >= SETTLED:  # a settled call: the one right before a re-verification
+            assert call == following - 1, (call, reverified)
+            settled += 1
+        else:
+            assert call - last <= AFTER, (call, reverified)
+    assert settled >= 3 and schedule.cleans == settled
+    assert len(timed) <= (AFTER + 1) * len(reverified)
 
 
 def test_wrong_numbers_later_are_caught_by_reverification_every_call(guard_path: str) -> None:
@@ -417,7 +461,7 @@ def test_checks_are_counted_on_the_record_and_round_trip() -> None:
     [graph] = backend.report.graphs
     assert graph.watch is not None
     assert (graph.watch.calls, graph.watch.reverified, graph.watch.failures) == (9, 3, [])
-    assert graph.watch.reverify_rate == 0.01  # the default: calls 2, 4 and 8 so far
+    assert graph.watch.reverify_rate == 0.005  # the default: calls 2, 4 and 8 so far
     again = GraphRecord.from_dict(graph.to_dict())
     assert again.watch == graph.watch
 
