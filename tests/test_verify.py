@@ -193,6 +193,29 @@ def test_rule_floor_admits_rounding_where_eager_is_exact() -> None:
     assert not result.passed and "allowed 3x eager + floor" in result.reason()
 
 
+@pytest.mark.parametrize("rule", ["tolerances", "float64", "near eager"])
+def test_values_not_finite_in_both_are_left_out_as_if_absent(rule: str) -> None:
+    """NaN/inf where eager has them too are left out of every figure (the masked path); the
+    same outputs without those values (the all-finite path, no masks) give the same ones."""
+    eager = torch.tensor([1.0, float("nan"), 2.0, float("inf"), -3.0])
+    cand = torch.tensor([1.0 + 1e-6, float("nan"), 2.0 - 2e-6, float("inf"), -3.0])
+    keep = [0, 2, 4]
+    fp64 = eager.double() if rule == "float64" else None
+    recorded = [1e-7] if rule == "near eager" else None
+    masked = compare(eager, cand, fp64=fp64, recorded=recorded)
+    finite = compare(
+        eager[keep], cand[keep], fp64=None if fp64 is None else fp64[keep], recorded=recorded
+    )
+    assert masked.max_abs_err == finite.max_abs_err == pytest.approx(2e-6, rel=0.1)
+    assert masked.reason == finite.reason
+    if masked.worst is not None:
+        assert finite.worst is not None
+        assert (masked.worst.error, masked.worst.allowed) == (
+            finite.worst.error,
+            finite.worst.allowed,
+        )
+
+
 def test_new_inf_or_nan_is_a_mismatch_exact_ints_compared() -> None:
     exact = torch.ones(4, dtype=torch.float64)
     bad = torch.tensor([1.0, float("inf"), 1.0, 1.0])

@@ -52,7 +52,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
         (s.index, s.dtype, s.static, s.on_cpu, s.device, s.layout, s) for s in expected.specs
     )
     versioned = watch.versioned
-    tensor = torch.Tensor
+    tensor, sequence = torch.Tensor, (tuple, list)  # `tuple | list` is built on each use
 
     def call(*args: Any) -> Any:
         n = next(counter)
@@ -67,7 +67,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
             watch.timed(n, perf_counter() - start)
         else:
             out = fn(*args)
-        if isinstance(out, tuple | list) and len(out) == count:
+        if isinstance(out, sequence) and len(out) == count:
             for i, dtype, static, on_cpu, device, layout, spec in specs:
                 t = out[i]
                 if not (
