@@ -232,7 +232,7 @@ wrong in value (`wrong`) is likewise caught at the next sampled re-verification 
 beside the first wrong one can return the wrong answer before the demotion (`threads`: 5
 of 17 calls in one run of two, 0 in the other); `--reverify-rate 1` re-verifies every call.
 Shape, dtype and aliasing faults are caught on every call (the cheap checks); NaN on every
-call where the NaN/inf scan costs at most 0.5% of a call, else on a random sample of calls
+call where the NaN/inf scan costs at most 0.25% of a call, else on a random sample of calls
 (`scanned` on the record; on this model about a tenth) and at each re-verification."""
 
 
