@@ -71,7 +71,7 @@ def test_a_suspect_call_reverified_with_the_schedule_off_leaves_it_off() -> None
 # the excess over the usual call of the re-verified call itself ([0]) and of the calls
 # right after it, in calls: the worst seen on bert-tiny on the 2-core CI machine (between
 # a benchmark's arms: 0.57, 0.36, 0.24 ms on calls of 1.35 ms), where a re-verification in
-# a plain loop slows the calls after it by 0.17 to 0.41 ms in all
+# a plain loop slows the calls after it by 0.1 to 0.4 ms in all
 SLOWED = (0.45, 0.42, 0.27, 0.18)
 
 

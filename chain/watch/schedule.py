@@ -9,8 +9,8 @@ the share is `rate`, early checks included. `rate` 1 re-verifies every call.
 
 A re-verification costs more than its own time (eager's run, the float64 run, the
 comparison): eager's run leaves the caches to eager, so the winner's call in it and the
-few calls after it run slower (bert-tiny, calls of 1 ms, re-verifications of 2.8 ms: 0.17
-to 0.41 ms in all over two runs, mostly on the next call; nothing measurable past the
+few calls after it run slower (bert-tiny, calls of 1 ms, re-verifications of 2.5-2.8 ms: 0.1
+to 0.4 ms in all over three runs, mostly on the next call; nothing measurable past the
 fourth). So the schedule asks for those calls to be timed (`mark`), and for one settled
 call before each re-verification, and books what they took over the settled calls' mean
 as the re-verification's: `rate` is the share of run time it costs, not of what it books.
