@@ -271,14 +271,15 @@ def _checked(
     checks find it suspect, else checked (and timed, when the schedule asks, to book what
     a re-verification slowed); (output, why it is wrong)."""
     schedule = watch.schedule
-    if n >= schedule.mark:  # a call around a re-verification
-        if n >= schedule.due:
-            return watch.reverify(n, args, kept, lambda: fn(*args))
+    if n < schedule.mark:
+        out = fn(*args)
+    elif n >= schedule.due:
+        return watch.reverify(n, args, kept, lambda: fn(*args))
+    else:  # a call around a re-verification
         start = time.perf_counter()
         out = fn(*args)
         watch.timed(n, time.perf_counter() - start)
-        return _judged(watch, n, args, kept, out, scan)
-    return _judged(watch, n, args, kept, fn(*args), scan)
+    return _judged(watch, n, args, kept, out, scan)
 
 
 def _judged(

@@ -16,7 +16,8 @@ class RunChecks:
     reverified: int = 0  # calls also re-run in eager and compared
     float64: int = 0  # of those, the ones eager alone could not pass: float64 ran too
     scanned: float = 1.0  # share of calls whose CPU outputs are scanned for NaN/inf
-    reverify_s: float = 0.0  # time spent re-verifying (eager's runs, float64's, comparisons)
+    reverify_s: float = 0.0  # re-verifying's cost: eager's and float64's runs, comparisons,
+    # and what it slowed the winner's calls around it by (chain.watch.schedule)
     failures: list[str] = field(default_factory=list)  # "backend at call N: reason"
     unchecked: list[str] = field(default_factory=list)  # what the cheap checks leave out
 
