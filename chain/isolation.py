@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from backends.common.fx_utils import weight_inputs
+from backends.common.versions import version
 from chain.verify import unchanged
 
 # Watched weights are copied to a CPU snapshot (to restore them if a candidate writes
@@ -115,7 +116,7 @@ class Fingerprint:
         sample = _sample(flat).clone()
         wide = torch.float64 if (t.is_floating_point() or t.is_complex()) else torch.int64
         total = flat.sum(dtype=wide if not t.is_complex() else None) if flat.numel() else flat
-        return cls(t._version, sample, total.clone())
+        return cls(version(t), sample, total.clone())
 
     def same_values(self, other: Fingerprint) -> bool:
         """Whether the sampled elements and the sums are equal (NaN equal to NaN)."""
@@ -191,7 +192,7 @@ class WeightWatch:
         the weights outside the groups, and one comparison of the next group's fingerprints
         joined (a few ops per weight where `changed` takes a dozen: on a tiny BERT 0.45 ms
         instead of 1.4 ms for all). False may be a NaN in a weight."""
-        if any(t._version != self.prints[i].version for i, t in self.tensors.items()):
+        if any(version(t) != self.prints[i].version for i, t in self.tensors.items()):
             return False
         for i in self.ungrouped:
             if not Fingerprint.of(self.tensors[i]).same_values(self.prints[i]):

@@ -149,16 +149,36 @@ _REGISTRIES: dict[int, Any] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
+def _capture(module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> Any:
+    """The graph as an ExportedProgram, traced non-strict and nothing else.
+
+    Handed a module, the ONNX exporter falls back to strict `torch.export`, which re-enters
+    dynamo: inside a backend dynamo holds its compile lock, so the fallback deadlocks (it
+    ends in `torch._dynamo.reset()`), or, once a timed-out worker is abandoned, wipes every
+    compiled frame of the process. Handed a program, it only translates it.
+    """
+    try:
+        with cancel.process_wide():  # torch.export patches torch for every thread meanwhile
+            return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except cancel.Cancelled:
+        raise
+    except Exception as error:
+        line = exporter_line(error)
+        raise Unsupported(f"torch.export (non-strict): {line}", detail=str(error)) from error
+
+
 def _torch_onnx_export(
     module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any, opset: int | None
 ) -> Any:
-    """`torch.onnx.export(..., dynamo=True)`, reusing its op registry between graphs.
+    """`torch.onnx.export(..., dynamo=True)` of the non-strict capture, reusing its op
+    registry between graphs.
 
     The public entry rebuilds the aten -> ONNX registry on every call (about 3 s of the
     4.5 s a small graph takes: it re-parses ~500 onnxscript functions). When the
     exporter's internals are where torch 2.13 has them, we build it once per opset and
     call the exporter core with it; otherwise we take the public entry.
     """
+    program = _capture(module, args, dynamic_shapes)
     try:
         from torch.onnx import _constants as onnx_constants
         from torch.onnx._internal.exporter import _constants, _core, _registration
@@ -168,13 +188,7 @@ def _torch_onnx_export(
     if _core is None or not hasattr(_registration.ONNXRegistry, "from_torchlib"):
         with cancel.process_wide():
             return torch.onnx.export(
-                module,
-                args,
-                dynamo=True,
-                dynamic_shapes=dynamic_shapes,
-                opset_version=opset,
-                external_data=False,
-                **same,
+                program, (), dynamo=True, opset_version=opset, external_data=False, **same
             )
     _filter_noisy_loggers()  # the exporter's modules are imported now
     opset = opset or onnx_constants.ONNX_DEFAULT_OPSET
@@ -184,15 +198,9 @@ def _torch_onnx_export(
             _REGISTRIES[registry_opset] = _registration.ONNXRegistry.from_torchlib(
                 opset_version=registry_opset
             )
-    with cancel.process_wide():  # torch.export patches torch for every thread meanwhile
+    with cancel.process_wide():  # decompositions run make_fx, process-wide too
         return _core.export(
-            module,
-            args,
-            {},
-            registry=_REGISTRIES[registry_opset],
-            dynamic_shapes=dynamic_shapes,
-            opset_version=opset,
-            **same,
+            program, (), {}, registry=_REGISTRIES[registry_opset], opset_version=opset, **same
         )
 
 

@@ -54,15 +54,23 @@ def symbolic_dims(
 
 
 def module_scalars(gm: fx.GraphModule, example_inputs: Sequence[object]) -> dict[int, float]:
-    """Module float attributes dynamo passes as 0-d tensors (dynamic=True: BatchNorm eps)."""
+    """Python float attributes dynamo passes as 0-d tensors (dynamic=True: a norm's eps, a
+    rotary scaling, `config.hidden_dropout`), by position: read from an attribute (of the
+    module, its submodules or its config), never a float the caller passes. The runners
+    check each call that the value is still the one inlined."""
+    from torch._dynamo.source import AttrSource
+
     found: dict[int, float] = {}
     for i, (node, value) in enumerate(zip(_placeholders(gm), example_inputs, strict=True)):
         grapharg = node.meta.get("grapharg")
         if not getattr(grapharg, "pass_arg_as_tensor", False):
             continue
-        name = getattr(grapharg.source, "name", "")
-        name = str(name() if callable(name) else name)
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and "L['self']" in name:
+        if (
+            isinstance(grapharg.source, AttrSource)
+            and isinstance(value, torch.Tensor)
+            and value.dim() == 0
+            and value.dtype.is_floating_point
+        ):
             found[i] = value.item()
     return found
 

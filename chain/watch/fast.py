@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from backends.common.versions import versions as read_versions
 from chain.watch.expect import _finite, _fits, _layout
 from chain.watch.watch import Watch
 
@@ -60,7 +61,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
         timed = n >= schedule.mark  # a call around a re-verification: timed for its budget
         if timed and n >= schedule.due:
             return Slow(n)
-        versions = [args[i]._version for i in versioned] if versioned else None
+        versions = read_versions(args, versioned) if versioned else None
         if timed:
             start = perf_counter()
             out = fn(*args)
@@ -77,7 +78,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     and (t.shape == static if static is not None else _fits(t, spec, args))
                 ) or (layout and _layout(t, spec, args) is not None):
                     return Slow(n, False, out, versions)
-            if versions is not None and [args[i]._version for i in versioned] != versions:
+            if versions is not None and read_versions(args, versioned) != versions:
                 return Slow(n, False, out, versions)
             if scanned and draw() < watch.scan_share and not all(_finite(out[i]) for i in scanned):
                 return Slow(n, True, out, versions)  # suspect: re-verified at once

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.versions import version, versions
 from chain.fp64 import fp64_graph, fp64_inputs
 from chain.verify import compare
 from chain.watch.expect import Expected
@@ -95,11 +96,11 @@ class Watch:
         (`versioned`), to catch a winner writing them. The weights' (parameters and
         buffers) are read at each re-verification, with their fingerprints (`weights`): a
         read of every weight per call would cost several percent of a small model's."""
-        return [args[i]._version for i in self.versioned]
+        return versions(args, self.versioned)
 
     def wrote(self, args: Sequence[Any], before: list[int]) -> list[int]:
         """After a call: the inputs whose version moved though eager does not write them."""
-        return [i for i, v in zip(self.versioned, before, strict=True) if args[i]._version != v]
+        return [i for i, v in zip(self.versioned, before, strict=True) if version(args[i]) != v]
 
     def call_number(self) -> int:
         """The number of this call of the winner (1, 2, ...), counted on the record."""

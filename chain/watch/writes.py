@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from backends.common.versions import NO_VERSION, version
+from chain.verify import unchanged
+
 SNAPSHOT_BYTES = 256 * 2**20  # the largest total size of written inputs copied per call
 
 
@@ -38,7 +41,7 @@ class Writes:
     def found(cls, before: Sequence[Any], after: dict[int, torch.Tensor]) -> Writes | None:
         """From eager's run at selection on clones (`after`: each clone after the call, whose
         version counter started at 0): the inputs it wrote; None when it wrote none."""
-        written = [i for i, t in after.items() if t._version > 0]
+        written = [i for i, t in after.items() if _wrote(before[i], t)]
         return cls(written, before) if written else None
 
     def keep(self, args: Sequence[Any]) -> dict[int, Any]:
@@ -46,7 +49,7 @@ class Writes:
         if self.snapshots:
             with torch.no_grad():
                 return {i: args[i].clone() for i in self.positions}
-        return {i: args[i]._version for i in self.positions}
+        return {i: version(args[i]) for i in self.positions}
 
     def eager_inputs(self, args: Sequence[Any], kept: dict[int, Any]) -> list[Any]:
         """The args for an eager run as of before the call: fresh copies of what was kept."""
@@ -62,7 +65,7 @@ class Writes:
                 for i, snap in kept.items():
                     args[i].copy_(snap)
             return
-        moved = [i for i, version in kept.items() if args[i]._version != version]
+        moved = [i for i, seen in kept.items() if version(args[i]) != seen or seen == NO_VERSION]
         if moved:
             untouched = [i for i in self.positions if i not in moved]
             raise InputsWritten(
@@ -72,3 +75,11 @@ class Writes:
                 f"and were not restored; input(s) {untouched} are as before the call. "
                 "Re-create those inputs and call again (the chain has moved on)."
             )
+
+
+def _wrote(before: Any, after: torch.Tensor) -> bool:
+    """Whether eager's run wrote a clone (its counter started at 0); an inference tensor
+    keeps no counter, so its values are compared (a write of equal values goes unseen)."""
+    if after.is_inference():
+        return not unchanged(before, after)
+    return after._version > 0
