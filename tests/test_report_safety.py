@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from backends.common.files import UnsafeFile
 from chain import Chain, Report, Status, chain
 from chain.records import Attempt, GraphRecord
 from tests.models import tiny_bert
@@ -129,18 +130,19 @@ def test_save_keeps_an_existing_files_mode(tmp_path: Path) -> None:
     assert Report.load(path).graphs == _one_graph_report().graphs
 
 
-def test_save_writes_through_a_symlink_to_its_target(tmp_path: Path) -> None:
+def test_save_refuses_a_symlink_and_leaves_its_target(tmp_path: Path) -> None:
+    """Issue 32: a write never goes through a link (it once replaced the link's target)."""
     target = tmp_path / "store" / "run.json"
     target.parent.mkdir()
     target.write_text("{}")
     target.chmod(0o640)
     link = tmp_path / "run.json"
     link.symlink_to(target)
-    _one_graph_report().save(link)
+    with pytest.raises(UnsafeFile, match=r"not a regular file \(a symbolic link\)"):
+        _one_graph_report().save(link)
     assert link.is_symlink() and os.readlink(link) == str(target)  # the link stays a link
-    assert stat.S_IMODE(target.stat().st_mode) == 0o640
-    assert Report.load(target).graphs == _one_graph_report().graphs
-    assert sorted(p.name for p in target.parent.iterdir()) == ["run.json"]  # no temporary left
+    assert target.read_text() == "{}" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "store"]  # no temporary
 
 
 # -- reading hostile files --------------------------------------------------------------------
