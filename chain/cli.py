@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from backends.common.files import UnsafeFile
 from chain import json_fields as jf
 from chain.columns import printable
 from chain.records import FAILURES
@@ -24,7 +25,12 @@ def _report(args: argparse.Namespace) -> int:
         if not args.output:
             print("chain: error: --format html needs -o FILE", file=sys.stderr)
             return 2
-        print(f"wrote {report.save_html(args.output)}")
+        try:
+            written = report.save_html(args.output)
+        except OSError as e:  # UnsafeFile (a folder, FIFO, device or link at -o) or the disk's
+            print(f"chain: error: {printable(_write_error(args.output, e))}", file=sys.stderr)
+            return 2
+        print(f"wrote {written}")
         return 0
     if args.format == "json":
         data = report.to_dict()
@@ -40,6 +46,13 @@ def _report(args: argparse.Namespace) -> int:
     else:
         Console(width=max(120, Console().width)).print(report.table(args.failures))
     return 0
+
+
+def _write_error(path: str, e: OSError) -> str:
+    """One line for a failed write of `path`: the file layer's refusal, or the OS's reason."""
+    if isinstance(e, UnsafeFile):
+        return str(e)
+    return f"{path}: cannot write: {e.strerror or e}"
 
 
 def _repro(args: argparse.Namespace) -> int:

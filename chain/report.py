@@ -6,7 +6,6 @@ import io
 import json
 import logging
 import os
-import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console, Group
 from rich.table import Table
 
-from backends.common.files import atomic_write
+from backends.common.files import UnsafeFile, atomic_write, read_bounded
 from chain import json_fields as jf
 from chain.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
 from chain.json_fields import deeper_than, short
@@ -99,41 +98,21 @@ MAX_BYTES = 64 << 20  # a report of thousands of graphs is a few MiB
 MAX_DEPTH = 64  # a report nests about 6 deep; `details` and `inputs` a little more
 
 
-def _kind(mode: int) -> str:
-    """What a non-regular file is, for the refusal."""
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
-    kinds += ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-    return next((name for test, name in kinds if test(mode)), "not a file")
-
-
 def _read(path: str | os.PathLike[str]) -> bytes:
     """The bytes of a regular file of at most MAX_BYTES; anything else is a ReportError.
 
-    Opened without blocking and checked on the open descriptor: a FIFO put in place of the
-    file between a check and the open cannot hang the reader.
+    Read through the file layer (files.read_bounded): opened without blocking and checked on
+    the open descriptor, so a FIFO put in place of the file cannot hang the reader, nor a
+    link to /dev/zero fill memory. A symlink the user names is followed to its target.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return read_bounded(path, MAX_BYTES, follow_symlinks=True)
     except FileNotFoundError:
         raise ReportError(f"{path}: no such file") from None
+    except UnsafeFile as e:
+        raise ReportError(str(e)) from None
     except OSError as e:
         raise ReportError(f"{path}: cannot read: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReportError(f"{path}: not a regular file ({_kind(info.st_mode)})")
-        if info.st_size > MAX_BYTES:
-            raise ReportError(
-                f"{path}: {info.st_size / (1 << 20):.0f} MiB; "
-                f"a report over {MAX_BYTES >> 20} MiB is refused"
-            )
-        try:
-            raw = f.read(MAX_BYTES + 1)  # it may grow while read
-        except OSError as e:
-            raise ReportError(f"{path}: cannot read: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise ReportError(f"{path}: over {MAX_BYTES >> 20} MiB; refused")
-    return raw
 
 
 def _parse(path: str | os.PathLike[str], raw: bytes) -> Any:
@@ -189,8 +168,10 @@ class Report:
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write JSON atomically: a crash leaves the old file or the new one, never half.
 
-        The file gets the usual permissions (0666 less the umask, as `open()` gives). A
-        missing directory is created, and a warning on the `chain` logger names it.
+        The file gets the usual permissions (0666 less the umask, as `open()` gives); an
+        existing file keeps its own. Only a regular file is replaced: a symlink, FIFO,
+        device or folder at `path` is UnsafeFile (an OSError), left as it was. A missing
+        directory is created, and a warning on the `chain` logger names it.
         """
         target = Path(path)
         if not target.parent.is_dir():

@@ -7,6 +7,10 @@ each later one `<stem>.2<suffix>`, `<stem>.3<suffix>`, ... (an info line on the 
 logger names it). A claim ends when its chain is collected, so a chain built again (a
 notebook cell run twice) writes the given path again. Processes do not see each other's
 claims: give each its own path (`CHAIN_REPORT=run.$RANK.json`).
+
+The file is written through the file layer (backends.common.files): only a regular file is
+replaced; a symlink, FIFO, device or folder at the path is refused with that warning and
+left as it was (issue 32: a FIFO or /dev/null was once turned into a regular file).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ class ReportFile:
                 self._warned.add(message)
                 log.warning(
                     "report not written to %s (%s); the model runs on: set report_path or "
-                    "CHAIN_REPORT to a writable file",
+                    "CHAIN_REPORT to a writable regular file",
                     self.path,
                     message,
                 )

@@ -302,5 +302,6 @@ def render(report: Report, title: str = "backend-chain report", charts: bool = T
 
 
 def save(report: Report, path: str | os.PathLike[str], **kwargs: Any) -> Path:
-    """Write the page atomically (a crash leaves the old file or the new one)."""
+    """Write the page atomically (a crash leaves the old file or the new one), to a regular
+    file only: a symlink, FIFO, device or folder at `path` is UnsafeFile, left as it was."""
     return atomic_write(Path(path), render(report, **kwargs))
