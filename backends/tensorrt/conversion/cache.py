@@ -3,8 +3,12 @@
 The key hashes the block's code (graph structure), its constants (weights), the input
 specs, the build settings, the TensorRT version, the GPU name and the versions of what
 made the engine's input (torch, the ONNX exporter's packages, backend-chain): an upgrade of
-any of them is a miss, never a stale engine. Writes are atomic
-(temporary file + os.replace); a corrupt entry is a warning and a miss, never a crash.
+any of them is a miss, never a stale engine. Files go through the file layer
+(backends.common.files): writes are atomic (an exclusive temporary file + os.replace) and
+only ever replace regular files; reads are bounded and refuse links, FIFOs and devices; the
+cache folders are created private to the user (0700). A corrupt or refused entry is a
+warning and a miss, never a crash; an entry that cannot be written is a warning, and the
+engine just built is used all the same.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.files import atomic_write
+from backends.common.files import atomic_write, private_dir, read_bounded
 from backends.common.payload import TensorSpec
 from backends.tensorrt.conversion.profiles import Profile
 
 logger = logging.getLogger(__name__)
 FORMAT = 3  # 2: toolchain versions in the key; 3: optimization profiles in key and metadata
 TOOLCHAIN = ("torch", "onnx", "onnxscript", "backend-chain")
+ENGINE_MAX_BYTES = 16 << 30  # an engine of a large model is a few GiB
+META_MAX_BYTES = 16 << 20  # names, profiles and a checksum: kilobytes
+TIMING_MAX_BYTES = 1 << 30  # tactic timings: megabytes
 
 
 @functools.cache
@@ -76,6 +83,15 @@ def cache_key(
     return digest.hexdigest()
 
 
+def _ignored(key: str, why: Exception) -> None:
+    """Warn that the cache entry `key` is not used, and why (it is rebuilt)."""
+    warnings.warn(
+        f"ignoring corrupt TensorRT engine cache entry {key[:12]}: {why}; rebuilding",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 @dataclass(frozen=True)
 class CachedEngine:
     """An engine read back from the cache, with the I/O names it was built with."""
@@ -97,31 +113,37 @@ class EngineCache:
     def load(self, key: str) -> CachedEngine | None:
         """The cached engine for `key`, or None (a corrupt entry warns and counts as a miss)."""
         engine_path, meta_path = self._paths(key)
-        if not engine_path.exists() or not meta_path.exists():
+        try:
+            meta = json.loads(read_bounded(meta_path, META_MAX_BYTES))
+            engine = read_bounded(engine_path, ENGINE_MAX_BYTES)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:  # UnsafeFile (a link, FIFO, device) is an OSError
+            _ignored(key, e)
             return None
         try:
-            meta = json.loads(meta_path.read_text())
-            engine = engine_path.read_bytes()
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 raise ValueError(f"unexpected metadata format in {meta_path}")
             if hashlib.sha256(engine).hexdigest() != meta.get("sha256"):
                 raise ValueError(f"checksum mismatch for {engine_path}")
-        except (OSError, ValueError) as e:
-            warnings.warn(
-                f"ignoring corrupt TensorRT engine cache entry {key[:12]}: {e}; rebuilding",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        except ValueError as e:
+            _ignored(key, e)
             return None
         return CachedEngine(engine, meta)
 
     def store(self, key: str, engine: bytes, meta: Mapping[str, Any]) -> None:
-        """Save an engine and its metadata (engine first: the metadata makes it visible)."""
+        """Save an engine and its metadata (engine first: the metadata makes it visible);
+        one that cannot be saved (a refused path, a full disk) is a warning, not a failure."""
         engine_path, meta_path = self._paths(key)
         full = {**meta, "format": FORMAT, "sha256": hashlib.sha256(engine).hexdigest()}
-        engine_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(engine_path, engine)
-        atomic_write(meta_path, json.dumps(full, indent=1).encode())
+        try:
+            private_dir(engine_path.parent)
+            atomic_write(engine_path, engine)
+            atomic_write(meta_path, json.dumps(full, indent=1).encode())
+        except OSError as e:
+            warnings.warn(
+                f"TensorRT engine {key[:12]} not cached: {e}", RuntimeWarning, stacklevel=2
+            )
 
     @property
     def timing_cache_path(self) -> Path:
@@ -130,7 +152,7 @@ class EngineCache:
     def read_timing_cache(self) -> bytes:
         """The serialized timing cache, or b"" when there is none or it cannot be read."""
         try:
-            return self.timing_cache_path.read_bytes()
+            return read_bounded(self.timing_cache_path, TIMING_MAX_BYTES)
         except FileNotFoundError:
             return b""
         except OSError as e:
@@ -138,6 +160,10 @@ class EngineCache:
             return b""
 
     def write_timing_cache(self, data: bytes) -> None:
-        """Save the serialized timing cache (the cache folder is created when missing)."""
-        self.timing_cache_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.timing_cache_path, data)
+        """Save the serialized timing cache (the cache folder is created, private, when
+        missing); one that cannot be saved is a warning."""
+        try:
+            private_dir(self.timing_cache_path.parent)
+            atomic_write(self.timing_cache_path, data)
+        except OSError as e:
+            warnings.warn(f"TensorRT timing cache not saved: {e}", RuntimeWarning, stacklevel=2)
