@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from backends.common.files import atomic_write
 
@@ -106,6 +106,24 @@ class RedisStore:
     artefacts under `backend-chain:artefact:<key>`."""
 
     PREFIX = "backend-chain:decision:"
+    # the URL options the store takes: {name: (kind, low, high)}; bounds are inclusive
+    URL_OPTIONS: ClassVar[Mapping[str, tuple[type, float, float]]] = {
+        "db": (int, 0, 2**31 - 1),
+        "socket_timeout": (float, 1e-3, 3600),
+        "socket_connect_timeout": (float, 1e-3, 3600),
+        "timeout": (float, 1e-3, 3600),
+        "health_check_interval": (int, 0, 86400),
+        "max_connections": (int, 1, 2**16),
+        "protocol": (int, 2, 3),
+        "socket_keepalive": (bool, 0, 1),
+        "retry_on_timeout": (bool, 0, 1),
+        "ssl_check_hostname": (bool, 0, 1),
+        "client_name": (str, 0, 0),
+        "ssl_cert_reqs": (str, 0, 0),
+        "ssl_ca_certs": (str, 0, 0),
+        "ssl_certfile": (str, 0, 0),
+        "ssl_keyfile": (str, 0, 0),
+    }
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         try:
@@ -114,32 +132,113 @@ class RedisStore:
             raise StoreUnavailable(
                 f"store {url} needs the redis client: pip install 'backend-chain[fleet]'"
             ) from None
-        self.location = url
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        self._client: Any = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        try:
+            RedisStore.check_url(url)
+        except ValueError as e:  # chain() checked it already: the tools and direct use meet it
+            raise StoreUnavailable(str(e)) from None
+        self.location = RedisStore.redacted(url)
+        self._client: Any = self._call(
+            lambda: redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
         )
 
+    @staticmethod
+    def check_url(url: str) -> str:
+        """`url` if the store can use it, else a one-line ValueError saying what is wrong: a
+        URL that does not parse, a port outside 1-65535, an option it does not take (such
+        as decode_responses: the store holds bytes) or a value out of range. The checks are
+        the store's own, so they hold without the redis client installed."""
+        from urllib.parse import parse_qs, urlsplit
+
+        shown = RedisStore.redacted(url)
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # parsed on access: ValueError when not a number in 0-65535
+            options = parse_qs(parts.query, keep_blank_values=True)
+        except ValueError as e:
+            raise ValueError(f"redis store URL {shown!r}: {e}") from None
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"redis store URL {shown!r}: redis://, rediss:// or unix:// expected")
+        if port == 0:
+            raise ValueError(f"redis store URL {shown!r}: port 0 (1 to 65535 expected)")
+        db = parts.path.strip("/")
+        if parts.scheme != "unix" and db and not (db.isdigit() and db.isascii()):
+            raise ValueError(f"redis store URL {shown!r}: database {db!r}, a number expected")
+        for name, values in options.items():
+            for value in values:
+                RedisStore._check_option(shown, name, value)
+        return url
+
+    @staticmethod
+    def redacted(url: str) -> str:
+        """`url` with its password, if any, as `***`: what messages, notes and reports show."""
+        head, at, tail = url.rpartition("@")
+        if not at or "://" not in head:
+            return url
+        scheme, _, user = head.partition("://")
+        return f"{scheme}://{user.partition(':')[0]}:***@{tail}" if ":" in user else url
+
+    @staticmethod
+    def _check_option(url: str, name: str, value: str) -> None:
+        """One `?name=value` of a store URL, against URL_OPTIONS; ValueError if refused."""
+        import math
+
+        spec = RedisStore.URL_OPTIONS.get(name)
+        if spec is None:
+            valid = ", ".join(RedisStore.URL_OPTIONS)
+            why = " (the store holds bytes)" if name in ("decode_responses", "encoding") else ""
+            raise ValueError(
+                f"redis store URL {url!r}: option {name!r} refused{why}; valid: {valid}"
+            )
+        kind, low, high = spec
+        if kind is str:
+            return
+        if kind is bool:
+            ok = value.strip().lower() in ("", "0", "1", "true", "false", "yes", "no")
+        else:
+            try:
+                number = kind(value)
+                ok = math.isfinite(number) and low <= number <= high
+            except ValueError:
+                ok = False
+        if not ok:
+            span = f"{kind(low)} to {kind(high)}"
+            expected = "true or false" if kind is bool else f"a number from {span}"
+            raise ValueError(f"redis store URL {url!r}: {name}={value!r}, {expected} expected")
+
     def _call(self, fn: Callable[[], Any]) -> Any:
+        """`fn()`, every failure of the client, whatever its class (a reply it cannot parse
+        or decode, a bad setting found at connect time...), as StoreUnavailable."""
         try:
             return fn()
-        except self._errors as e:
+        except Exception as e:  # the client's failures have no common base: all mean "down"
             raise StoreUnavailable(f"redis at {self.location}: {type(e).__name__}: {e}") from e
 
     def get(self, key: str) -> bytes | None:
-        return self._call(lambda: self._client.get(self.PREFIX + check_key(key)))
+        name = self.PREFIX + check_key(key)
+        data = self._call(lambda: self._client.get(name))
+        if data is not None and not isinstance(data, bytes):
+            raise StoreUnavailable(
+                f"redis at {self.location}: answered a {type(data).__name__} for {name}, "
+                "not bytes"
+            )
+        return data
 
     def put(self, key: str, data: bytes) -> None:
-        self._call(lambda: self._client.set(self.PREFIX + check_key(key), data))
+        name = self.PREFIX + check_key(key)
+        self._call(lambda: self._client.set(name, data))
 
     def names(self) -> Iterator[str]:
         names = self._call(lambda: list(self._client.scan_iter(match=self.PREFIX + "*")))
-        for name in sorted(names):
-            text = name.decode() if isinstance(name, bytes) else str(name)
+        for name in sorted(names, key=str):
+            # a key another program wrote may not be UTF-8: it is listed, never decoded blind
+            text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
             yield text.removeprefix(self.PREFIX)
 
     def delete(self, key: str) -> bool:
-        return bool(self._call(lambda: self._client.delete(self.PREFIX + check_key(key))))
+        name = self.PREFIX + check_key(key)
+        return bool(self._call(lambda: self._client.delete(name)))
 
     def artefacts(self) -> RedisStore:
         """The artefacts, in the same database under `backend-chain:artefact:`."""
