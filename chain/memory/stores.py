@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from backends.common.files import atomic_write
+from backends.common.files import UnsafeFile, atomic_write, private_dir, read_bounded
 
 STORE_ENV = "CHAIN_STORE"  # a directory or redis:// URL
 CACHE_DIR_ENV = "CHAIN_CACHE_DIR"  # the cache root; decisions go in <root>/decisions
@@ -57,32 +57,50 @@ def check_key(key: str) -> str:
 class LocalStore:
     """One JSON file per key in a directory; written atomically (temp file + os.replace),
     so any number of processes may write one key: readers see a whole entry, the last one.
-    Artefacts: one `.bin` file per key in its `artefacts` folder, written the same way."""
+    Artefacts: one `.bin` file per key in its `artefacts` folder, written the same way.
 
-    def __init__(self, directory: str | os.PathLike[str], suffix: str = ".json") -> None:
+    Every file goes through the file layer (backends.common.files): a read is bounded
+    (`max_bytes`) and a symlink, FIFO or device at an entry path is refused, never followed,
+    written through or waited on (StoreUnavailable: a warning and a cold start); a folder
+    the store creates is private to the user (0700)."""
+
+    ENTRY_MAX_BYTES = 64 << 20  # an entry is kilobytes (attempts, notes, buckets)
+    ARTEFACT_MAX_BYTES = 4 << 30  # above any artefact stored (an ONNX model is < 2 GiB)
+
+    def __init__(
+        self, directory: str | os.PathLike[str], suffix: str = ".json", max_bytes: int = 0
+    ) -> None:
         self.directory = Path(directory).expanduser()
         self.location = str(self.directory)
         self.suffix = suffix
+        self.max_bytes = max_bytes or self.ENTRY_MAX_BYTES  # the largest file read back
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{check_key(key)}{self.suffix}"
 
     def artefacts(self) -> LocalStore:
         """The artefacts kept with the decisions: `<directory>/artefacts/<key>.bin`."""
-        return LocalStore(self.directory / "artefacts", suffix=".bin")
+        return LocalStore(
+            self.directory / "artefacts", suffix=".bin", max_bytes=self.ARTEFACT_MAX_BYTES
+        )
 
     def get(self, key: str) -> bytes | None:
+        path = self._path(key)
         try:
-            return self._path(key).read_bytes()
+            return read_bounded(path, self.max_bytes)
         except FileNotFoundError:
             return None
+        except UnsafeFile as e:  # it names the path and what is there
+            raise StoreUnavailable(f"refused {e}") from e
         except OSError as e:
-            raise StoreUnavailable(f"cannot read {self._path(key)}: {e}") from e
+            raise StoreUnavailable(f"cannot read {path}: {e}") from e
 
     def put(self, key: str, data: bytes) -> None:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            private_dir(self.directory)
             atomic_write(self._path(key), data)
+        except UnsafeFile as e:
+            raise StoreUnavailable(f"refused {e}") from e
         except OSError as e:
             raise StoreUnavailable(f"cannot write in {self.directory}: {e}") from e
 
