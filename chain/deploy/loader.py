@@ -1,20 +1,29 @@
-"""`chain.load(path)`: torch.export.load with the checks a deployed program needs.
+"""`chain.load(path)`: torch's program loader behind one strict reader of the archive.
 
-Before torch reads the file: it must be a whole zip archive (every entry's CRC checked),
-it must hold no pickled objects (torch.export.load would unpickle them: arbitrary code),
-its sample inputs must load with `weights_only=True` (else torch falls back to a full
-unpickle), and every class its inputs and outputs are made of must be registered with
-pytree here (transformers output classes: import `transformers.modeling_outputs`). After:
+A `.pt2` is data from a stranger until checked, and torch's loader unpickles (runs code
+from) several of its parts: constants whose `path_name` starts with `custom_obj_` or
+`opaque_obj_` (in any folder), pickled weights and constants (`use_pickle`), legacy
+`<model>.pt` weight files, sample inputs that need more than `weights_only`, an AOTInductor
+folder (a shared library), and the graph's `guards_code` (Python source, exec'd by
+`module()`). So the file is read once (a regular file, bounded), and those bytes are
+checked against an allowlist of what `torch.export.save` writes for a program of
+`chain.export` (or a plain `torch.export` program) before torch sees them: fixed entry
+names under one root folder, raw tensor files `weight_<i>` / `tensor_<i>` named by
+configs of exactly torch's shape and matching the graph's own tensor metadata, call
+targets from aten / prims / our op / arithmetic, guards that are size arithmetic. Torch
+then reads the same bytes from memory (no second open, no legacy fallback). After:
 every payload is unpacked, hash-checked, checked against the digest its node was built
-with, and (CPU payloads) its runner built, so a swapped or damaged payload fails at load, not at the
-first call. Every failure is a `PayloadError` with one line. The program returned is a
-`LoadedProgram`: its `module()` runs the graph behind a cheap input check of our own.
+with, and (CPU payloads) its runner built. Every failure is a `PayloadError` with one
+line. The program returned is a `LoadedProgram`: its `module()` runs the graph behind a
+cheap input check of our own.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import json
+import re
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -24,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from backends.common.files import read_bounded
 from backends.common.payload import (
     PayloadError,
     PayloadMismatch,
@@ -37,66 +47,360 @@ from backends.common.payload import (
 from chain.deploy import ops
 from chain.deploy.program import LoadedProgram, as_loaded
 
-_PICKLED_PREFIXES = ("custom_obj", "opaque_obj")  # torch.export.load unpickles these
-_CONFIGS = ("model_weights_config.json", "model_constants_config.json")
+MAX_PROGRAM_BYTES = 64 << 30  # a bound, not a budget: refuses /dev/zero and growing files
+_ROOT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+_WEIGHTS, _CONSTANTS = "data/weights/", "data/constants/"
+_REQUIRED = {
+    "archive_format": b"pt2",
+    "archive_version": b"0",
+    "models/model.json": None,
+    "data/sample_inputs/model.pt": None,
+    f"{_WEIGHTS}model_weights_config.json": None,
+    f"{_CONSTANTS}model_constants_config.json": None,
+}
+_OPTIONAL = ("byteorder", ".data/version", ".data/serialization_id")
+_TENSOR_FILE = re.compile(r"(data/weights/weight|data/constants/tensor)_(0|[1-9][0-9]{0,8})")
+_META_KEYS = {"path_name", "is_param", "use_pickle", "tensor_meta"}
+_MODEL_KEYS = {
+    "graph_module", "opset_version", "range_constraints", "schema_version", "verifiers",
+    "torch_version", "guards_code",
+}  # fmt: skip
+_INPUT_KINDS = {"user_input", "parameter", "buffer", "tensor_constant", "constant_input"}
+_OBJECT_ARGS = {"as_custom_obj", "as_custom_objs", "custom_obj"}  # torch unpickles these
+_OPS = re.compile(r"torch\.ops\.(aten|prims|backend_chain)\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+")
+_HIGHER_ORDER = {"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond", "while_loop"}
+_OPERATORS = {
+    "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
+    "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift",
+    "rshift",
+}  # fmt: skip
+_TORCH_FUNCTIONS = {
+    "sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_ite",
+    "sym_sum", "_sym_sqrt",
+}  # fmt: skip
+_MATH = {"ceil", "floor", "trunc", "sqrt"}
+# guards_code is Python that torch compiles with exec(): only size arithmetic on the inputs
+_GUARD_TEXT = re.compile(r"[A-Za-z0-9_ \[\]'().,<>=!+\-*/%]*")
+_GUARD_NODES = (
+    ast.Expression, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Call,
+    ast.Attribute, ast.Name, ast.Constant, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
+    ast.UAdd, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq,
+    ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
+)  # fmt: skip
+_GUARD_NAMES = {"L", "math", "Max", "Min", "Mod", "PythonMod", "FloorDiv", "CleanDiv", "Abs"}
+_GUARD_ATTRS = {"size", "stride", "storage_offset", "dim", "numel", *_MATH}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def load(path: str | PathLike[str]) -> LoadedProgram:
     """Load a program saved by `torch.export.save(chain.export(...).program, path)`, checked.
 
     Raises `PayloadError` (one line) for a file that is damaged, not a program, holds
-    pickled objects, or whose payloads are not the ones it was built with (`PayloadMismatch`).
+    anything the strict reader does not allow (pickles, code, unknown entries), or whose
+    payloads are not the ones it was built with (`PayloadMismatch`).
     Its `module()` is the lean callable (`chain.deploy.program`), `module(lean=False)` torch's.
     """
     name = str(path)
-    _check_archive(name)
-    try:
-        program = torch.export.load(name)
-    except (RuntimeError, ValueError, KeyError, OSError, EOFError, zlib.error) as error:
-        first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
-        raise PayloadError(f"{name}: torch.export.load failed: {first[:200]}") from error
+    data = _read(name)
+    _check_archive(name, data)
+    program = _torch_load(name, data)
     _check_payloads(name, program)
     return as_loaded(program)
 
 
-def _check_archive(name: str) -> None:
-    """The zip is whole, holds no pickles, and names only pytree types registered here."""
+def _read(name: str) -> bytes:
+    """The file's bytes, read once: a regular file (not a FIFO or device), bounded."""
     try:
-        with zipfile.ZipFile(name) as archive:
+        return read_bounded(name, MAX_PROGRAM_BYTES, follow_symlinks=True)
+    except FileNotFoundError:
+        raise PayloadError(f"{name}: no such file") from None
+    except OSError as error:  # UnsafeFile included: a folder, FIFO, device, too large
+        raise PayloadError(f"{name}: not readable ({_line(error)})") from None
+
+
+def _line(error: BaseException) -> str:
+    """The first non-empty line of an error, bounded, or its class name."""
+    first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
+    return first[:200]
+
+
+def _torch_load(name: str, data: bytes) -> torch.export.ExportedProgram:
+    """Torch's reader over the checked bytes: `load_pt2` itself, so that a failure is an
+    error and never torch.export.load's fallback to the older (pickling) zip format."""
+    from torch.export.pt2_archive._package import load_pt2
+
+    try:
+        return load_pt2(io.BytesIO(data)).exported_programs["model"]
+    except PayloadError as error:
+        raise PayloadError(f"{name}: {error}") from None
+    except Exception as error:  # torch's deserializer raises many types on malformed data
+        raise PayloadError(f"{name}: torch.export.load failed: {_line(error)}") from error
+
+
+def _refuse(name: str, what: str) -> PayloadError:
+    """The one-line refusal; control characters from the file shown as '?'."""
+    return PayloadError(f"{name}: {_CONTROL.sub('?', what)}: refused, not loaded")
+
+
+def _check_archive(name: str, data: bytes) -> None:
+    """The zip is whole and holds only what a saved program holds (see the module doc)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
             bad = archive.testzip()
             if bad is not None:
                 raise PayloadError(f"{name}: corrupted (checksum mismatch in {bad})")
-            for entry in archive.namelist():
-                _check_entry(name, archive, entry)
-    except FileNotFoundError:
-        raise PayloadError(f"{name}: no such file") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as error:
+            root, entries = _entries(name, archive, data)
+            try:
+                _check_contents(name, archive, root, entries)
+            except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as error:
+                what = f"{type(error).__name__}: {_line(error)[:80]}"
+                raise _refuse(name, f"a program of another shape ({what})") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError) as error:
         raise PayloadError(
-            f"{name}: not a readable .pt2 program (truncated or corrupted zip: {error})"
+            f"{name}: not a readable .pt2 program (truncated or corrupted zip: {_line(error)})"
         ) from None
 
 
-def _check_entry(name: str, archive: zipfile.ZipFile, entry: str) -> None:
-    """Refuse pickled objects and unknown pytree types in one archive entry."""
-    leaf = entry.rsplit("/", 1)[-1]
-    legacy = leaf.endswith(".pt") and ("/weights/" in entry or "/constants/" in entry)
-    if leaf.startswith(_PICKLED_PREFIXES) or legacy:
-        raise PayloadError(f"{name}: holds a pickled object ({entry}): refused, not loaded")
-    if leaf in _CONFIGS:
-        config = json.loads(archive.read(entry)).get("config", {})
-        pickled = [fqn for fqn, meta in config.items() if meta.get("use_pickle")]
-        if pickled:
-            raise PayloadError(f"{name}: holds pickled tensors ({pickled[0]}): refused")
-    elif "/sample_inputs/" in entry:
-        try:
-            torch.load(io.BytesIO(archive.read(entry)), weights_only=True)
-        except Exception as error:  # the unpickler raises many types; all mean "refused"
-            first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-            raise PayloadError(
-                f"{name}: its sample inputs need a full unpickle ({first}): refused"
-            ) from None
-    elif "/models/" in entry and leaf.endswith(".json"):
-        _check_pytree_types(name, json.loads(archive.read(entry)))
+def _entries(name: str, archive: zipfile.ZipFile, data: bytes) -> tuple[str, dict[str, int]]:
+    """The archive's one root folder and its entries (relative name -> size), each stored
+    uncompressed, unencrypted, named once, at the offsets torch's reader will use."""
+    infos = archive.infolist()
+    if not infos or not data.startswith(b"PK\x03\x04") or min(i.header_offset for i in infos):
+        raise _refuse(name, "not a plain zip archive (data before its first entry)")
+    root = infos[0].filename.split("/", 1)[0]
+    if not _ROOT.fullmatch(root):
+        raise _refuse(name, f"an archive root folder named {root[:60]!r}")
+    entries: dict[str, int] = {}
+    for info in infos:
+        rel = info.filename[len(root) + 1 :]
+        if not info.filename.startswith(root + "/") or not _allowed_entry(rel):
+            raise _refuse(name, f"an entry this reader does not allow ({info.filename[:120]!r})")
+        if rel in entries:
+            raise _refuse(name, f"the entry {info.filename[:120]!r} twice")
+        if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
+            raise _refuse(name, f"a compressed or encrypted entry ({info.filename[:120]!r})")
+        entries[rel] = info.file_size
+    missing = sorted(set(_REQUIRED) - set(entries))
+    if missing:
+        raise _refuse(name, f"not a saved program (no {missing[0]})")
+    return root, entries
+
+
+def _allowed_entry(rel: str) -> bool:
+    """Whether `rel` (a name under the root folder) is one `torch.export.save` writes."""
+    return rel in _REQUIRED or rel in _OPTIONAL or _TENSOR_FILE.fullmatch(rel) is not None
+
+
+def _check_contents(
+    name: str, archive: zipfile.ZipFile, root: str, entries: dict[str, int]
+) -> None:
+    """Fixed values, the model's JSON, both configs against it, the sample inputs."""
+    for rel, value in _REQUIRED.items():
+        if value is not None and archive.read(f"{root}/{rel}") != value:
+            raise _refuse(name, f"{rel} is not {value.decode()!r}")
+    model = _json(name, archive.read(f"{root}/models/model.json"), "models/model.json")
+    lifted = _check_model(name, model)
+    used: set[str] = set()
+    for folder, prefix, config_name in (
+        (_WEIGHTS, "weight_", "model_weights_config.json"),
+        (_CONSTANTS, "tensor_", "model_constants_config.json"),
+    ):
+        raw = archive.read(f"{root}/{folder}{config_name}")
+        config = _config(name, _json(name, raw, config_name), config_name)
+        used |= _check_config(name, config, folder, prefix, lifted, entries)
+    unused = sorted(rel for rel in entries if _TENSOR_FILE.fullmatch(rel) and rel not in used)
+    if unused:
+        raise _refuse(name, f"a tensor file no config names ({unused[0]})")
+    _check_sample_inputs(name, archive.read(f"{root}/data/sample_inputs/model.pt"))
+    _check_pytree_types(name, model)
+
+
+def _json(name: str, raw: bytes, entry: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        raise _refuse(name, f"{entry} is not JSON ({_line(error)})") from None
+
+
+def _config(name: str, data: Any, entry: str) -> dict[str, dict[str, Any]]:
+    """A payload config of exactly torch's shape: {"config": {fqn: {4 known keys}}}."""
+    if not isinstance(data, dict) or set(data) != {"config"}:
+        raise _refuse(name, f"{entry} is not a {{'config': {{...}}}} object")
+    config = data["config"]
+    if not isinstance(config, dict):
+        raise _refuse(name, f"{entry}: its config is a {type(config).__name__}, not an object")
+    for fqn, meta in config.items():
+        if not isinstance(meta, dict) or set(meta) != _META_KEYS:
+            raise _refuse(name, f"{entry}: {fqn[:80]!r} is not a payload entry of torch's shape")
+        if meta["use_pickle"] is not False:
+            raise _refuse(name, f"{entry}: {fqn[:80]!r} is pickled (use_pickle)")
+        if not isinstance(meta["is_param"], bool) or not isinstance(meta["path_name"], str):
+            raise _refuse(name, f"{entry}: {fqn[:80]!r} has fields of the wrong type")
+    return config
+
+
+def _check_config(
+    name: str,
+    config: dict[str, dict[str, Any]],
+    folder: str,
+    prefix: str,
+    lifted: dict[str, tuple[str, Any]],
+    entries: dict[str, int],
+) -> set[str]:
+    """Each entry is a raw tensor file `<prefix><i>` of this folder, numbered in order of
+    first use, big enough, described as the graph describes the same input; returns the
+    tensor files used. Anything else (opaque_obj_, custom_obj_, sub-folders) is refused."""
+    order: list[str] = []
+    for fqn, meta in config.items():
+        path_name = meta["path_name"]
+        if not re.fullmatch(f"{prefix}(0|[1-9][0-9]{{0,8}})", path_name):
+            raise _refuse(name, f"{folder}: {fqn[:80]!r} names {path_name[:80]!r}, not a tensor")
+        if path_name not in order:
+            if path_name != f"{prefix}{len(order)}":
+                raise _refuse(name, f"{folder}: tensor files out of order ({path_name})")
+            order.append(path_name)
+        where, expected = lifted.get(fqn, ("", None))
+        if where != folder or meta["tensor_meta"] != expected:
+            raise _refuse(name, f"{folder}: {fqn[:80]!r} is not described as the graph's input")
+        _check_size(name, folder + path_name, entries.get(folder + path_name), expected)
+    return {folder + p for p in order}
+
+
+def _check_size(name: str, entry: str, size: int | None, meta: dict[str, Any]) -> None:
+    """The tensor file holds the elements its description reaches (torch would read an
+    empty file as zeros and a short one as an error at load)."""
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, ScalarType
+
+    if size is None:
+        raise _refuse(name, f"no {entry} in the archive")
+    try:
+        dtype = _SERIALIZE_TO_TORCH_DTYPE[ScalarType(meta["dtype"])]
+        sizes = [int(s["as_int"]) for s in meta["sizes"]]
+        strides = [int(s["as_int"]) for s in meta["strides"]]
+        last = int(meta["storage_offset"]["as_int"])
+        last += sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
+    except (KeyError, TypeError, ValueError):
+        raise _refuse(name, f"the description of {entry} is malformed") from None
+    needed = 0 if 0 in sizes else (last + 1) * dtype.itemsize
+    if size < needed or size % dtype.itemsize:
+        raise _refuse(name, f"{entry} holds {size} bytes, its tensor needs {needed}")
+
+
+def _lifted(name: str, graph_module: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """Each weight and constant the signature lifts: fqn -> (its folder, the graph's
+    tensor metadata of its placeholder, all sizes concrete)."""
+    values = graph_module["graph"]["tensor_values"]
+    lifted: dict[str, tuple[str, Any]] = {}
+    for spec in graph_module["signature"]["input_specs"]:
+        [(kind, body)] = spec.items()
+        if kind not in _INPUT_KINDS:
+            raise _refuse(name, f"a program input of kind {kind[:40]!r}")
+        if kind in ("parameter", "buffer", "tensor_constant"):
+            fqn = body[f"{kind}_name"]
+            persistent = kind == "parameter" or (kind == "buffer" and body["persistent"])
+            meta = values[body["arg"]["name"]]
+            if not all(set(s) == {"as_int"} for s in (*meta["sizes"], *meta["strides"])):
+                raise _refuse(name, f"a symbolic size for the lifted tensor {fqn[:80]!r}")
+            lifted[fqn] = (_WEIGHTS if persistent else _CONSTANTS, meta)
+    return lifted
+
+
+def _check_model(name: str, model: Any) -> dict[str, tuple[str, Any]]:
+    """The model's JSON: known keys, guards that are size arithmetic, allowed call
+    targets, no custom objects; returns what the signature lifts (see `_lifted`)."""
+    if not isinstance(model, dict) or not set(model) <= _MODEL_KEYS:
+        raise _refuse(name, "models/model.json is not a program of this torch's schema")
+    guards = model.get("guards_code", [])
+    if not isinstance(guards, list):
+        raise _refuse(name, "guards_code is not a list")
+    for guard in guards:
+        _check_guard(name, guard)
+    try:
+        graph_module = model["graph_module"]
+        _check_graph(name, graph_module)
+        return _lifted(name, graph_module)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise _refuse(name, f"models/model.json is malformed ({type(error).__name__})") from None
+
+
+def _check_guard(name: str, guard: Any) -> None:
+    """One guard: comparisons and arithmetic over input sizes, nothing else (it is exec'd)."""
+    if not isinstance(guard, str) or len(guard) > 2000 or not _GUARD_TEXT.fullmatch(guard):
+        raise _refuse(name, f"a guard that is not size arithmetic ({str(guard)[:80]!r})")
+    try:
+        tree = ast.parse(guard, mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        raise _refuse(name, f"a guard that does not parse ({guard[:80]!r})") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _GUARD_NODES) or not _guard_node_ok(node):
+            raise _refuse(name, f"a guard that is not size arithmetic ({guard[:80]!r})")
+
+
+def _guard_node_ok(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in _GUARD_NAMES
+    if isinstance(node, ast.Attribute):
+        return node.attr in _GUARD_ATTRS
+    if isinstance(node, ast.Call):
+        return not node.keywords
+    if isinstance(node, ast.Constant):
+        value = node.value
+        return type(value) in (int, float, bool) or (
+            isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_]{0,100}", value) is not None
+        )
+    return True
+
+
+def _check_graph(name: str, data: Any) -> None:
+    """Every call target anywhere in the graph (nested graphs included) is allowed, and
+    nothing names a custom object (torch unpickles those)."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key in _OBJECT_ARGS or (key == "custom_obj_values" and value):
+                raise _refuse(name, "a custom object in the graph")
+            if key == "nodes" and isinstance(value, list):
+                for node in value:
+                    _check_target(name, node["target"])
+            if key == "as_operator":
+                _check_target(name, value)
+            _check_graph(name, value)
+    elif isinstance(data, list):
+        for value in data:
+            _check_graph(name, value)
+
+
+def _check_target(name: str, target: Any) -> None:
+    """A call target torch will resolve by name and call: aten, prims, our op, a few
+    higher-order ops, arithmetic on sizes."""
+    if not isinstance(target, str) or not _target_ok(target):
+        raise _refuse(name, f"a call of {str(target)[:80]!r}, not an allowed operator")
+
+
+def _target_ok(target: str) -> bool:
+    module, _, rest = target.partition(".")
+    if module == "_operator":
+        return rest in _OPERATORS
+    if module == "math":
+        return rest in _MATH
+    if _OPS.fullmatch(target):
+        return True
+    namespace, _, op = rest.removeprefix("ops.").partition(".")
+    if module == "torch" and rest.startswith("ops.higher_order."):
+        return op in _HIGHER_ORDER
+    return module == "torch" and rest in _TORCH_FUNCTIONS and not namespace.startswith("ops")
+
+
+def _check_sample_inputs(name: str, raw: bytes) -> None:
+    """Torch loads the sample inputs with `weights_only=True` and, if that fails, with a
+    full unpickle: they must load the first way, as the tuple or dict torch expects."""
+    if not raw:
+        return
+    try:
+        value = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as error:  # the unpickler raises many types; all mean "refused"
+        raise _refuse(name, f"its sample inputs need a full unpickle ({_line(error)})") from None
+    if not isinstance(value, (tuple, dict)):
+        raise _refuse(name, f"its sample inputs are a {type(value).__name__}")
 
 
 def _specs(data: Any) -> Iterator[str]:
@@ -129,6 +433,7 @@ def _check_pytree_types(name: str, model: Any) -> None:
         for type_name in _types(json.loads(text)):
             if type_name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
                 continue
+            type_name = _CONTROL.sub("?", type_name[:200])
             module = type_name.rsplit(".", 1)[0]
             raise PayloadError(
                 f"{name}: its inputs or outputs are {type_name}, not registered in this "
