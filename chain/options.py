@@ -32,6 +32,7 @@ from backends.options import (
     optional,
 )
 from backends.registry import Backend
+from chain.memory.stores import RedisStore
 
 MODES = ("first", "fastest")
 
@@ -115,6 +116,10 @@ def store(value: Any) -> Any:
         raise BadValue("a directory or a redis://host:port/db URL, not empty")
     if "://" in text and not text.startswith(("redis://", "rediss://", "unix://")):
         raise BadValue(f"a directory or a redis://host:port/db URL; {text!r} is neither")
+    # the store's own checks, so that a bad URL fails here, not at the first call
+    redis_url = text.startswith(("redis://", "rediss://", "unix://"))
+    if redis_url and (problem := RedisStore.url_problem(text)):
+        raise BadValue(f"a usable redis URL; {RedisStore.redacted(text)!r}: {problem}")
     return value
 
 

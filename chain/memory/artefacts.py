@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import operator
 import os
 from collections.abc import Sequence
@@ -23,25 +24,38 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.errors import InvalidOption
 from backends.registry import Artefact
-from chain.memory.entry import SIGNING_KEY_ENV, BadEntry, signing_key
+from chain.memory.entry import SIGNING_KEY_ENV, BadEntry, load_json, same_digest, signing_key
 
 FORMAT = 1
 MAGIC = b"backend-chain-artefact"
 MAX_MB_ENV = "CHAIN_ARTEFACT_MAX_MB"  # artefacts above this many MiB are not stored
 DEFAULT_MAX_MB = 512.0
+MAX_MB = 2**20  # a TiB, as the max_artefact_mb option
 
 
 def max_bytes(option: float | None) -> int:
     """The size bound: the chain's `max_artefact_mb`, else CHAIN_ARTEFACT_MAX_MB, else 512
-    MiB; 0 stores no artefacts."""
+    MiB; 0 stores no artefacts. A bad env value is a one-line InvalidOption at chain()."""
     if option is None:
         text = os.environ.get(MAX_MB_ENV)
-        try:
-            option = float(text) if text else DEFAULT_MAX_MB
-        except ValueError:
-            raise ValueError(f"{MAX_MB_ENV}={text!r}: expected a number of MiB") from None
+        option = _env_mb(text) if text else DEFAULT_MAX_MB
     return int(option * 2**20)
+
+
+def _env_mb(text: str) -> float:
+    """CHAIN_ARTEFACT_MAX_MB's value: a finite number of MiB from 0 to MAX_MB."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= MAX_MB):
+        raise InvalidOption(
+            f"{MAX_MB_ENV}={text[:40]!r}: expected a number of MiB from 0 to {MAX_MB} "
+            "(0: no artefacts)"
+        )
+    return value
 
 
 def _hash_tensor(h: Any, tensor: torch.Tensor) -> None:
@@ -108,37 +122,51 @@ def encode(key: str, backend: str, artefact: Artefact, weights: str) -> bytes:
     return MAGIC + f" {FORMAT} {len(text)}\n".encode() + text + artefact.data
 
 
-def decode(data: bytes, key: str, backend: str) -> tuple[Artefact, str]:
-    """The artefact and its weights digest; BadEntry saying which check failed."""
+_NAMES = ("format", "key", "backend", "reads", "weights", "size", "data_sha256")
+
+
+def _header(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """The artefact's header, its fields' types checked, and the bytes after it; BadEntry
+    saying which check failed."""
     first, _, rest = data.partition(b"\n")
     fields = first.split(b" ")
     if len(fields) != 3 or fields[0] != MAGIC or not fields[2].isdigit():
         raise BadEntry("not an artefact (first line unreadable)")
     if fields[1] != str(FORMAT).encode():
-        raise BadEntry(f"artefact format {fields[1]!r}, this version reads {FORMAT}")
+        raise BadEntry(f"artefact format {fields[1][:20]!r}, this version reads {FORMAT}")
     size = int(fields[2])
-    try:
-        header = json.loads(rest[:size])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadEntry(f"artefact header not JSON ({e})") from None
-    names = ("format", "key", "backend", "reads", "weights", "size", "data_sha256")
-    if not isinstance(header, dict) or not {*names, "digest"} <= set(header):
+    header = load_json(rest[:size], "artefact header not JSON")
+    if not isinstance(header, dict) or not {*_NAMES, "digest"} <= set(header):
         raise BadEntry("not an artefact header (fields missing)")
-    raw = _canonical({k: header[k] for k in names})
-    if not hmac.compare_digest(str(header["digest"]), hashlib.sha256(raw).hexdigest()):
+    texts = ("key", "backend", "weights", "data_sha256", "digest")
+    wrong = [n for n in texts if not isinstance(header[n], str)]
+    if type(header["size"]) is not int or header["size"] < 0:
+        wrong.append("size")
+    reads = header["reads"]
+    if not isinstance(reads, list) or any(type(i) is not int or i < 0 for i in reads):
+        wrong.append("reads")
+    if wrong:
+        raise BadEntry(f"artefact header field(s) of the wrong type: {', '.join(wrong)}")
+    return header, rest[size:]
+
+
+def decode(data: bytes, key: str, backend: str) -> tuple[Artefact, str]:
+    """The artefact and its weights digest; BadEntry saying which check failed."""
+    header, body = _header(data)
+    raw = _canonical({k: header[k] for k in _NAMES})
+    if not same_digest(header["digest"], hashlib.sha256(raw).hexdigest()):
         raise BadEntry("artefact header digest does not match (corrupt or edited)")
     secret = signing_key()
     if secret is not None:
         signature = header.get("signature")
         if not isinstance(signature, str):
             raise BadEntry(f"artefact not signed, and {SIGNING_KEY_ENV} is set")
-        if not hmac.compare_digest(signature, hmac.new(secret, raw, "sha256").hexdigest()):
+        if not same_digest(signature, hmac.new(secret, raw, "sha256").hexdigest()):
             raise BadEntry(f"artefact signature does not match under {SIGNING_KEY_ENV}")
-    body = rest[size:]
-    if len(body) != header["size"] or not hmac.compare_digest(
-        hashlib.sha256(body).hexdigest(), str(header["data_sha256"])
+    if len(body) != header["size"] or not same_digest(
+        header["data_sha256"], hashlib.sha256(body).hexdigest()
     ):
         raise BadEntry("artefact bytes do not match their digest (corrupt or tampered)")
     if header["key"] != key or header["backend"] != backend:
-        raise BadEntry(f"made for {header['backend']} under {header['key']}")
-    return Artefact(body, tuple(int(i) for i in header["reads"])), str(header["weights"])
+        raise BadEntry(f"made for {header['backend'][:60]!r} under {header['key'][:64]!r}")
+    return Artefact(body, tuple(header["reads"])), header["weights"]

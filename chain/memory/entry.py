@@ -137,7 +137,7 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _same(stored: Any, expected: str) -> bool:
+def same_digest(stored: Any, expected: str) -> bool:
     """Whether a stored digest or signature is `expected`, in constant time; any stored
     value that is not a string (or not ASCII) simply does not match."""
     return isinstance(stored, str) and hmac.compare_digest(
@@ -173,14 +173,14 @@ def _checked_body(entry: Any) -> tuple[dict[str, Any], bytes]:
         raise BadEntry(f"format {jf.short(entry.get('format'))}, this version reads {FORMAT}")
     body = {k: entry[k] for k in ("format", "key", "parts", "decision")}
     raw = _canonical(body)
-    if not _same(entry["digest"], hashlib.sha256(raw).hexdigest()):
+    if not same_digest(entry["digest"], hashlib.sha256(raw).hexdigest()):
         raise BadEntry("digest does not match its content (corrupt or edited)")
     secret = signing_key()
     if secret is not None:
         signature = entry.get("signature")
         if not isinstance(signature, str):
             raise BadEntry(f"not signed, and {SIGNING_KEY_ENV} is set: only signed entries load")
-        if not _same(signature, hmac.new(secret, raw, "sha256").hexdigest()):
+        if not same_digest(signature, hmac.new(secret, raw, "sha256").hexdigest()):
             raise BadEntry(f"signature does not match under {SIGNING_KEY_ENV} (tampered?)")
     return body, raw
 

@@ -19,11 +19,15 @@ from typing import Any
 
 from torch import fx
 
+from backends.errors import InvalidOption
+from backends.options import BadValue
 from backends.registry import offered_artefact
+from chain import options
+from chain.json_fields import short
 from chain.memory import artefacts
-from chain.memory.entry import BadEntry, Decision, decode, encode
+from chain.memory.entry import BadEntry, Decision, decode, encode, signing_key
 from chain.memory.key import digest, key_parts
-from chain.memory.stores import Store, StoreUnavailable, open_store
+from chain.memory.stores import STORE_ENV, RedisStore, Store, StoreUnavailable, open_store
 from chain.records import Attempt, GraphRecord, Status
 
 
@@ -60,6 +64,23 @@ def _warn(message: str) -> None:
     warnings.warn(message, MemoryWarning, stacklevel=3)
 
 
+def check_environment(spec: str | os.PathLike[str] | None) -> None:
+    """The memory's environment, checked when the chain is built: a one-line InvalidOption
+    for a blank CHAIN_MEMORY_KEY (it must not silently mean unsigned) or a CHAIN_STORE
+    (when `spec` is None) that is not a directory or a usable redis URL."""
+    try:
+        signing_key()
+    except BadEntry as e:
+        raise InvalidOption(str(e)) from None
+    text = os.environ.get(STORE_ENV) if spec is None else None
+    if text:
+        try:
+            options.store(text)
+        except BadValue as e:
+            shown = short(RedisStore.redacted(text))
+            raise InvalidOption(f"{STORE_ENV}={shown}: expected {e.expected}") from None
+
+
 class Memory:
     """Decisions for one chain, in the store `spec` names (opened at the first lookup)."""
 
@@ -72,6 +93,7 @@ class Memory:
         self.spec = spec
         self.chain = dict(chain)
         self.max_artefact_bytes = artefacts.max_bytes(max_artefact_mb)
+        check_environment(spec)
         self._store: Store | None = None
         self._down: str | None = None  # why the store is not used in this process
         self._lock = threading.Lock()
@@ -145,6 +167,8 @@ class Memory:
             store.put(recall.key, encode(recall.key, recall.parts, decision))
         except StoreUnavailable as e:
             return self._fail(str(e))
+        except BadEntry as e:  # no signing key to sign it with (CHAIN_MEMORY_KEY blank)
+            return f"memory: not remembered: {e}"
         return None
 
     def remember_buckets(self, recall: Recall, buckets: list[dict[str, Any]]) -> str | None:
@@ -225,6 +249,8 @@ class Memory:
             store.artefacts().put(recall.key, data)
         except StoreUnavailable as e:
             return self._fail(str(e))
+        except BadEntry as e:  # no signing key to sign it with (CHAIN_MEMORY_KEY blank)
+            return f"memory: {backend}'s artefact not stored: {e}"
         return None
 
 

@@ -163,30 +163,36 @@ class RedisStore:
 
     @staticmethod
     def check_url(url: str) -> str:
-        """`url` if the store can use it, else a one-line ValueError saying what is wrong: a
-        URL that does not parse, a port outside 1-65535, an option it does not take (such
-        as decode_responses: the store holds bytes) or a value out of range. The checks are
-        the store's own, so they hold without the redis client installed."""
+        """`url` if the store can use it, else a one-line ValueError naming it (password
+        hidden) and what is wrong (`url_problem`)."""
+        problem = RedisStore.url_problem(url)
+        if problem:
+            raise ValueError(f"redis store URL {RedisStore.redacted(url)!r}: {problem}")
+        return url
+
+    @staticmethod
+    def url_problem(url: str) -> str:
+        """What makes `url` unusable for the store ("" if nothing): a URL that does not
+        parse, a port outside 1-65535, a database that is not a number, an option it does
+        not take (such as decode_responses: the store holds bytes), a value out of range.
+        The checks are the store's own, so they hold without the redis client installed."""
         from urllib.parse import parse_qs, urlsplit
 
-        shown = RedisStore.redacted(url)
         try:
             parts = urlsplit(url)
             port = parts.port  # parsed on access: ValueError when not a number in 0-65535
             options = parse_qs(parts.query, keep_blank_values=True)
         except ValueError as e:
-            raise ValueError(f"redis store URL {shown!r}: {e}") from None
+            return str(e)
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"redis store URL {shown!r}: redis://, rediss:// or unix:// expected")
+            return "redis://, rediss:// or unix:// expected"
         if port == 0:
-            raise ValueError(f"redis store URL {shown!r}: port 0 (1 to 65535 expected)")
+            return "port 0 (1 to 65535 expected)"
         db = parts.path.strip("/")
         if parts.scheme != "unix" and db and not (db.isdigit() and db.isascii()):
-            raise ValueError(f"redis store URL {shown!r}: database {db!r}, a number expected")
-        for name, values in options.items():
-            for value in values:
-                RedisStore._check_option(shown, name, value)
-        return url
+            return f"database {db[:20]!r}, a number expected"
+        problems = (RedisStore._option_problem(k, v) for k, vs in options.items() for v in vs)
+        return next((p for p in problems if p), "")
 
     @staticmethod
     def redacted(url: str) -> str:
@@ -198,20 +204,17 @@ class RedisStore:
         return f"{scheme}://{user.partition(':')[0]}:***@{tail}" if ":" in user else url
 
     @staticmethod
-    def _check_option(url: str, name: str, value: str) -> None:
-        """One `?name=value` of a store URL, against URL_OPTIONS; ValueError if refused."""
+    def _option_problem(name: str, value: str) -> str:
+        """What is wrong with one `?name=value` of a store URL, against URL_OPTIONS."""
         import math
 
         spec = RedisStore.URL_OPTIONS.get(name)
         if spec is None:
-            valid = ", ".join(RedisStore.URL_OPTIONS)
             why = " (the store holds bytes)" if name in ("decode_responses", "encoding") else ""
-            raise ValueError(
-                f"redis store URL {url!r}: option {name!r} refused{why}; valid: {valid}"
-            )
+            return f"option {name[:40]!r} refused{why}; valid: {', '.join(RedisStore.URL_OPTIONS)}"
         kind, low, high = spec
         if kind is str:
-            return
+            return ""
         if kind is bool:
             ok = value.strip().lower() in ("", "0", "1", "true", "false", "yes", "no")
         else:
@@ -220,10 +223,10 @@ class RedisStore:
                 ok = math.isfinite(number) and low <= number <= high
             except ValueError:
                 ok = False
-        if not ok:
-            span = f"{kind(low)} to {kind(high)}"
-            expected = "true or false" if kind is bool else f"a number from {span}"
-            raise ValueError(f"redis store URL {url!r}: {name}={value!r}, {expected} expected")
+        if ok:
+            return ""
+        expected = "true or false" if kind is bool else f"a number from {kind(low)} to {kind(high)}"
+        return f"{name}={value[:40]!r}, {expected} expected"
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """`fn()`, every failure of the client, whatever its class (a reply it cannot parse
@@ -238,8 +241,7 @@ class RedisStore:
         data = self._call(lambda: self._client.get(name))
         if data is not None and not isinstance(data, bytes):
             raise StoreUnavailable(
-                f"redis at {self.location}: answered a {type(data).__name__} for {name}, "
-                "not bytes"
+                f"redis at {self.location}: answered a {type(data).__name__} for {name}, not bytes"
             )
         return data
 
