@@ -67,7 +67,16 @@ class GuardedGraph:
     the fallback and then runs the new winner: no call raises because another falls back.
     """
 
-    __slots__ = ("active", "buckets", "chain", "chain_details", "gm", "graph_id", "watch_for")
+    __slots__ = (
+        "active",
+        "buckets",
+        "chain",
+        "chain_details",
+        "damaged",
+        "gm",
+        "graph_id",
+        "watch_for",
+    )
 
     def __init__(
         self,
@@ -87,6 +96,7 @@ class GuardedGraph:
         winner = chain.backend_name(backend_index)
         self.chain_details = {"graph": graph_id, "winner": winner}
         self.active = _active(fn, backend_index, watch_for(winner) if watch_for else None)
+        self.damaged: WeightsDamaged | None = None  # set: every call raises until reloaded
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -118,14 +128,19 @@ class GuardedGraph:
         return watch
 
     def __call__(self, *args: Any) -> Any:
+        if self.damaged is not None:
+            self._still_damaged()
         if self.buckets is not None and (served := self.buckets.pick(args, self)) is not None:
             try:  # a hot shape's bucket, watched as a winner is
                 out, n, reason = self._bucket_call(*served, args)
                 if reason is None:
                     return out
                 failure: Exception = Demoted(n, reason)
-            except (InputsWritten, WeightsDamaged):
-                raise  # the inputs or weights are no longer the caller's: no path can run
+            except InputsWritten:
+                raise  # the inputs are no longer the caller's: no path can run
+            except WeightsDamaged as exc:
+                self._damage(exc)
+                raise
             except Exception as exc:
                 failure = exc
             except SystemExit as exc:
@@ -230,6 +245,7 @@ class GuardedGraph:
         watch = active.watch
         name = self.chain.backend_name(active.backend_index)
         if isinstance(exc, WeightsDamaged):  # no backend can run on them: say so, loudly
+            self._damage(exc)
             try:
                 self._fall_back(active, exc, args)
             except Exception as also:  # re-selected on damaged weights (that other threads'
@@ -251,6 +267,22 @@ class GuardedGraph:
             raise written from exc
         self._fall_back(active, exc, args)
         return self(*args)
+
+    def _damage(self, exc: WeightsDamaged) -> None:
+        """From now on every call raises `exc` until the weights are whole again."""
+        if exc.intact is not None:
+            self.damaged = exc
+
+    def _still_damaged(self) -> None:
+        """Raise WeightsDamaged unless the weights hold their values again (then serve)."""
+        damaged = self.damaged
+        if damaged is None or damaged.intact is None or damaged.intact():
+            self.damaged = None
+            return
+        raise WeightsDamaged(
+            f"graph {self.graph_id}: {damaged} (every call raises this until they are)",
+            intact=damaged.intact,
+        )
 
     def _fall_back(self, active: Active, exc: Exception, args: tuple[Any, ...]) -> None:
         """Let the chain switch away from `active`, unless another call already has."""

@@ -20,7 +20,7 @@ what the caller owns. So:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +41,15 @@ RUN_TIME_PARTS = 8
 
 
 class WeightsDamaged(RuntimeError):
-    """A candidate wrote a parameter or buffer in place and the chain could not restore it."""
+    """A candidate wrote a parameter or buffer in place and the chain could not restore it.
+
+    `intact` says whether the weights hold their fingerprinted values again (the user
+    reloaded them): until then every call of the graph raises this, never an answer
+    computed from the damaged weights."""
+
+    def __init__(self, message: str, intact: Callable[[], bool] | None = None) -> None:
+        super().__init__(message)
+        self.intact = intact
 
 
 def _written_operands(node: fx.Node) -> list[fx.Node]:
@@ -234,13 +242,18 @@ class WeightWatch:
             raise WeightsDamaged(
                 f"{backend} changed weight(s) {named} in place, and the chain kept no copy "
                 f"to restore them ({why}): the model's weights are no longer what they were; "
-                "reload them"
+                "reload them",
+                intact=self.intact,
             )
         with torch.no_grad():
             for i in values:
                 self.tensors[i].copy_(self.snapshot[i])
         self._refresh(values + versions)
         return f"changed weight {named} in place (restored)"
+
+    def intact(self) -> bool:
+        """Whether every weight holds its fingerprinted values again (each one read)."""
+        return all(Fingerprint.of(t).same_values(self.prints[i]) for i, t in self.tensors.items())
 
     def _refresh(self, positions: Sequence[int]) -> None:
         """Take the fingerprints anew (a restore moves the version counter on)."""

@@ -4,6 +4,10 @@ The safety suite's models (BertModel, GPT2Model, a T5 encoder, ViTModel, LlamaMo
 weights, tiny configs (2 layers, hidden 32), eval mode, nothing downloaded. Text models
 change their sequence length from call to call, ViT its batch: the second shape is where
 dynamo recompiles with a dynamic dim, the third runs that dynamic graph.
+
+`ARCHITECTURES` are the wider set the `dynamic=True` suite runs (GPT-NeoX, Falcon, Phi,
+Gemma, a Whisper encoder, ViT, CLIP text, wav2vec2, a T5 encoder, BLOOM): each carries
+Python float attributes (an eps, a scale) that dynamo lifts to tensors under dynamic=True.
 """
 
 from __future__ import annotations
@@ -74,19 +78,113 @@ def _llama() -> nn.Module:
     return LlamaModel(config)
 
 
+def _gpt_neox() -> nn.Module:
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    config = GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, use_cache=False,
+    )  # fmt: skip
+    return GPTNeoXModel(config)
+
+
+def _falcon() -> nn.Module:
+    from transformers import FalconConfig, FalconModel
+
+    config = FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        use_cache=False,
+    )  # fmt: skip
+    return FalconModel(config)
+
+
+def _phi() -> nn.Module:
+    from transformers import PhiConfig, PhiModel
+
+    config = PhiConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64, use_cache=False,
+    )  # fmt: skip
+    return PhiModel(config)
+
+
+def _gemma() -> nn.Module:
+    from transformers import GemmaConfig, GemmaModel
+
+    config = GemmaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+        use_cache=False,
+    )  # fmt: skip
+    return GemmaModel(config)
+
+
+def _whisper_encoder() -> nn.Module:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, encoder_attention_heads=4,
+        encoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
+    )  # fmt: skip
+    return WhisperEncoder(config)
+
+
+def _clip_text() -> nn.Module:
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    config = CLIPTextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64,
+    )  # fmt: skip
+    return CLIPTextModel(config)
+
+
+def _wav2vec2() -> nn.Module:
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2,
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+    )  # fmt: skip
+    return Wav2Vec2Model(config)
+
+
+def _bloom() -> nn.Module:
+    from transformers import BloomConfig, BloomModel
+
+    config = BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False)
+    return BloomModel(config)
+
+
 _BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "bert": _bert,
     "gpt2": _gpt2,
     "t5_encoder": _t5_encoder,
     "vit": _vit,
     "llama": _llama,
+    "gpt_neox": _gpt_neox,
+    "falcon": _falcon,
+    "phi": _phi,
+    "gemma": _gemma,
+    "whisper_encoder": _whisper_encoder,
+    "clip_text": _clip_text,
+    "wav2vec2": _wav2vec2,
+    "bloom": _bloom,
 }
+ARCHITECTURES = (
+    "gpt_neox", "falcon", "phi", "gemma", "whisper_encoder", "vit", "clip_text", "wav2vec2",
+    "t5_encoder", "bloom",
+)  # fmt: skip
+WHISPER_FRAMES = 32  # the encoder takes exactly 2 x max_source_positions frames
+AUDIO_SAMPLES = (400, 560, 720)  # wav2vec2: raw samples per example
 
 
 def build(name: str) -> nn.Module:
     """The model `name` (one of MODELS) in eval mode, returning its last hidden state."""
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; one of {', '.join(_BUILDERS)}")
     torch.manual_seed(0)
     return LastHidden(_BUILDERS[name]()).eval()
 
@@ -96,6 +194,10 @@ def inputs(name: str, shape: int) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(shape)
     if name == "vit":
         return (torch.randn(IMAGE_BATCHES[shape], 3, 32, 32, generator=generator),)
+    if name == "whisper_encoder":
+        return (torch.randn(IMAGE_BATCHES[shape], 16, WHISPER_FRAMES, generator=generator),)
+    if name == "wav2vec2":
+        return (torch.randn(2, AUDIO_SAMPLES[shape], generator=generator),)
     batch, seq = TEXT_SHAPES[shape]
     return (torch.randint(0, VOCAB, (batch, seq), generator=generator),)
 
@@ -104,5 +206,9 @@ def describe(name: str, shape: int) -> str:
     """The shape in words: `2x12` tokens or `3 images`."""
     if name == "vit":
         return f"{IMAGE_BATCHES[shape]} images"
+    if name == "whisper_encoder":
+        return f"{IMAGE_BATCHES[shape]}x16x{WHISPER_FRAMES} mels"
+    if name == "wav2vec2":
+        return f"2x{AUDIO_SAMPLES[shape]} samples"
     batch, seq = TEXT_SHAPES[shape]
     return f"{batch}x{seq}"

@@ -165,9 +165,13 @@ class Expected:
             if isinstance(x, torch.Tensor) and x.numel()
         }
         specs = []
+        constants = _constant_outputs(gm, len(leaves))
+        fresh: list[int] = []  # outputs in memory of their own (no input's, no constant's)
         for i, out in enumerate(leaves):
             if not isinstance(out, torch.Tensor):
                 continue
+            if out.numel() and _storage(out) not in storages and i not in constants:
+                fresh.append(i)
             recorded = vals[i] if vals is not None else None
             shape: tuple[Dim, ...]
             if isinstance(recorded, torch.Tensor) and len(recorded.shape) == out.dim():
@@ -209,6 +213,7 @@ class Expected:
             )
         self.specs = tuple(specs)
         self.aliasing = any(s.alias is not None for s in specs)
+        self.fresh = tuple(fresh)
 
     @property
     def scans(self) -> bool:
@@ -251,6 +256,12 @@ class Expected:
             if scan and s.finite_cpu and not suspect and not _finite(t):
                 suspect = True
         return None, suspect
+
+    def leaves(self, out: Any) -> Sequence[Any]:
+        """`out` flattened as eager's outputs are (after `check` passed it)."""
+        if self.flat and isinstance(out, tuple | list):
+            return out
+        return pytree.tree_leaves(_as_tuple(out))
 
     def _leaves(self, out: Any) -> tuple[str | None, Any]:
         """The outputs flattened, or why their structure is not eager's."""
@@ -302,6 +313,17 @@ def _layout(t: torch.Tensor, s: OutputSpec, args: Sequence[Any]) -> str | None:
     if s.channels_last and not t.is_contiguous(memory_format=torch.channels_last):
         return f"output {i} is not channels_last as eager's is"
     return None
+
+
+def _constant_outputs(gm: fx.GraphModule, count: int) -> set[int]:
+    """Flat outputs the graph returns straight from its attributes (the same each call)."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return set()
+    leaves = pytree.tree_leaves(out.args[0])
+    if len(leaves) != count:
+        return set()
+    return {i for i, n in enumerate(leaves) if isinstance(n, fx.Node) and n.op == "get_attr"}
 
 
 def _as_tuple(out: Any) -> Any:

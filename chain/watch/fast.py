@@ -53,6 +53,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
         (s.index, s.dtype, s.static, s.on_cpu, s.device, s.layout, s) for s in expected.specs
     )
     versioned = watch.versioned
+    reuse = watch.reuse.check if watch.reuse is not None else None
     tensor, sequence = torch.Tensor, (tuple, list)  # `tuple | list` is built on each use
 
     def call(*args: Any) -> Any:
@@ -79,6 +80,8 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                 ) or (layout and _layout(t, spec, args) is not None):
                     return Slow(n, False, out, versions)
             if versions is not None and read_versions(args, versioned) != versions:
+                return Slow(n, False, out, versions)
+            if reuse is not None and reuse(out) is not None:
                 return Slow(n, False, out, versions)
             if scanned and draw() < watch.scan_share and not all(_finite(out[i]) for i in scanned):
                 return Slow(n, True, out, versions)  # suspect: re-verified at once

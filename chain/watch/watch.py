@@ -26,8 +26,9 @@ from torch import fx
 
 from backends.common.versions import version, versions
 from chain.fp64 import fp64_graph, fp64_inputs
-from chain.verify import compare
+from chain.verify import compare, unchanged
 from chain.watch.expect import Expected
+from chain.watch.reuse import Reuse
 from chain.watch.schedule import Schedule
 from chain.watch.stats import RunChecks
 from chain.watch.writes import Writes
@@ -39,6 +40,9 @@ from chain.watch.writes import Writes
 # the sum of its output, 4 us for a second sum; so the sum is timed in a re-verification.
 SCAN_SHARE = 0.0025
 SCAN_FLOOR = 1 / 32
+
+
+HELD_BYTES = 64 * 2**20  # the largest total size of activations copied per re-verification
 
 
 class Demoted(Exception):
@@ -88,6 +92,7 @@ class Watch:
         self.scan_share = 1.0  # of calls scanned for NaN/inf: all until measured
         self.scan_budget = max(SCAN_SHARE, reverify_rate / 2)
         self._draw = random.Random(0).random  # which calls are scanned (seeded: repeatable)
+        self.reuse = Reuse(expected.fresh) if expected is not None and expected.fresh else None
         self._fp64_gm: fx.GraphModule | None = None
         self._lock = threading.Lock()  # the float64 copy is built once
 
@@ -119,8 +124,16 @@ class Watch:
         if scan is None:
             share = self.scan_share
             scan = share >= 1.0 or self._draw() < share
-        reason, suspect = self.expected.check(args, out, scan)
+        reason, suspect = self._outputs(args, out, scan)
         return reason, suspect or n >= self.schedule.due
+
+    def _outputs(self, args: Sequence[Any], out: Any, scan: bool) -> tuple[str | None, bool]:
+        """The output checks: as eager's (`Expected`), and not memory handed out before."""
+        assert self.expected is not None
+        reason, suspect = self.expected.check(args, out, scan)
+        if reason is None and self.reuse is not None:
+            reason = self.reuse.check(self.expected.leaves(out))
+        return reason, suspect
 
     def can_reverify_after(self, kept: dict[int, Any] | None) -> bool:
         """Whether eager can still run as of before a call that has run: nothing written, or
@@ -146,12 +159,13 @@ class Watch:
         # float64 needs the inputs as of before the call too, and eager is about to write
         # the copies in eager_args: a second set of copies of what the graph writes
         before = self.writes.eager_inputs(args, kept or {}) if self.writes else eager_args
+        held = self._activations(args) if timed else None
         with torch.no_grad():
             expected = self.gm(*eager_args)
         eager_s = time.perf_counter() - start
         out = run()
         call_s = time.perf_counter() - start - eager_s
-        reason = self.expected.check(args, out, False)[0] if self.expected is not None else None
+        reason = self._outputs(args, out, False)[0] if self.expected is not None else None
         if timed and reason is None and self.expected is not None and self.expected.scans:
             scan_start = time.perf_counter()
             self.expected.finite(out)  # timed: a NaN/inf is for the comparison below to name
@@ -165,6 +179,8 @@ class Watch:
             )
             if verdict.reason is not None:
                 reason = f"inputs {list(positions)} not written as eager does: {verdict.reason}"
+        if held:  # the activations eager leaves alone: as they were? (a `.data` write, or an
+            reason = _restored(args, held) or reason  # inference tensor's: no counter moves)
         if self.weights is not None:  # writes behind version counters; WeightsDamaged when
             damaged = self.weights(f"the winner (at run time, call {n})")  # values changed
             reason = reason or damaged
@@ -174,6 +190,15 @@ class Watch:
             cost_s += self.schedule.done(n, cost_s, call_s)
         self.stats.reverify_s += cost_s
         return out, reason
+
+    def _activations(self, args: Sequence[Any]) -> dict[int, torch.Tensor]:
+        """Copies of the activations eager does not write, to compare after the winner's
+        call (up to `HELD_BYTES`: past it the version counters alone watch them)."""
+        size = sum(args[i].numel() * args[i].element_size() for i in self.versioned)
+        if not self.versioned or size > HELD_BYTES:
+            return {}
+        with torch.no_grad():
+            return {i: args[i].clone() for i in self.versioned}
 
     def timed(self, n: int, call_s: float) -> None:
         """Call `n`, one the schedule asked to time, took `call_s`: what a re-verification
@@ -221,3 +246,15 @@ class Watch:
                 self.stats.unchecked.append(note)
             self.fp64 = False
             return None
+
+
+def _restored(args: Sequence[Any], held: dict[int, torch.Tensor]) -> str | None:
+    """Why the winner is wrong when it changed activations eager leaves alone (their values
+    are put back first, so the next backend answers this call on the caller's inputs)."""
+    changed = [i for i, before in held.items() if not unchanged(before, args[i])]
+    if not changed:
+        return None
+    with torch.no_grad():
+        for i in changed:
+            args[i].copy_(held[i])
+    return f"wrote input(s) {changed} where eager does not (no version counter moved; restored)"
