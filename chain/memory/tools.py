@@ -7,21 +7,60 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from chain.memory.entry import BadEntry, decode
-from chain.memory.stores import StoreUnavailable, open_store
+from chain.memory.stores import StoreUnavailable, check_key, open_store
 
 Spec = str | os.PathLike[str] | None
+FOREIGN = "not a decision key: skipped, neither read nor removed"
+
+
+def printable(text: Any, limit: int = 200) -> str:
+    """`text` safe for a terminal: control and format characters (escapes, carriage returns,
+    bidi overrides) shown as `\\x1b`-style escapes, and cut to `limit` characters: a
+    shared store's host and origin fields are data from strangers."""
+    text = str(text)
+    shown = "".join(_escaped(c) for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
+
+
+def _escaped(char: str) -> str:
+    """`char`, or its escape when it is a control, format or unassigned character."""
+    if not unicodedata.category(char).startswith("C"):
+        return char
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def _is_key(name: str) -> bool:
+    """Whether `name` is a decision key as the chain writes them (stores.check_key)."""
+    try:
+        check_key(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _split(names: Iterator[str]) -> tuple[list[str], list[str]]:
+    """The store's names as (keys the chain writes, foreign names): a foreign one (another
+    program's key under the store's prefix) is never read, shown raw or removed."""
+    ours: list[str] = []
+    foreign: list[str] = []
+    for name in names:
+        (ours if _is_key(name) else foreign).append(name)
+    return ours, foreign
 
 
 def entries(store: Spec = None) -> list[dict[str, Any]]:
     """One summary per entry: key, winner, when and where decided, the graph's origin, and
-    `check` ("ok" or why the entry would be ignored)."""
+    `check` ("ok" or why the entry would be ignored); a name in the store's space that is
+    not a decision key is a row whose check says it was skipped."""
     opened = open_store(store)
+    ours, foreign = _split(opened.names())
     out = []
-    for key in opened.names():
+    for key in ours:
         data = opened.get(key)
         row: dict[str, Any] = {"key": key}
         if data is None:  # removed since listed
@@ -42,7 +81,7 @@ def entries(store: Spec = None) -> list[dict[str, Any]]:
                 "check": "ok",
             }
         )
-    return out
+    return out + [{"key": name, "check": FOREIGN} for name in foreign]
 
 
 def show(key: str, store: Spec = None) -> dict[str, Any]:
@@ -64,13 +103,26 @@ def show(key: str, store: Spec = None) -> dict[str, Any]:
 
 def clear(store: Spec = None, key: str | None = None) -> int:
     """Remove the entry `key`, or every entry, with their artefacts; returns how many
-    entries were removed."""
+    entries were removed (`cleared` also says which foreign names were left alone)."""
+    return cleared(store, key)[0]
+
+
+def cleared(store: Spec = None, key: str | None = None) -> tuple[int, list[str]]:
+    """`clear`, and the names in the store's spaces that are not decision keys: skipped,
+    not removed (another program's data, or a planted name), so that one of them never
+    stops a clear halfway."""
     opened = open_store(store)
     artefacts = opened.artefacts()
-    keys = [key] if key is not None else list(opened.names())
-    for k in keys if key is not None else list(artefacts.names()):
+    if key is not None:
+        check_key(key)
+        keys, foreign, stale = [key], [], [key]
+    else:
+        keys, foreign = _split(opened.names())
+        stale, more = _split(artefacts.names())
+        foreign += more
+    for k in stale:
         artefacts.delete(k)
-    return sum(opened.delete(k) for k in keys)
+    return sum(opened.delete(k) for k in keys), foreign
 
 
 def main(argv: Sequence[str]) -> int:
@@ -86,20 +138,42 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         if args.action == "list":
-            rows = entries(args.store)
-            for r in rows:
-                what = f"{r['winner']}  {r['decided_at']}  {r['host']}  {r['origin']}"
-                print(f"{r['key']}  {what if r['check'] == 'ok' else 'IGNORED: ' + r['check']}")
-            print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'} in {_where(args.store)}")
+            _list(args.store)
         elif args.action == "show":
-            print(json.dumps(show(args.key, args.store), indent=2))
+            print(json.dumps(show(args.key, args.store), indent=2))  # JSON escapes controls
         else:
-            print(f"removed {clear(args.store, args.key)} entr(ies) from {_where(args.store)}")
+            removed, foreign = cleared(args.store, args.key)
+            print(f"removed {removed} entr(ies) from {printable(_where(args.store))}")
+            _skipped(foreign)
     except (StoreUnavailable, KeyError, ValueError) as e:
         message = e.args[0] if isinstance(e, KeyError) else e
-        print(f"chain store: error: {message}", file=sys.stderr)
+        print(f"chain store: error: {printable(message, 500)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _list(store: Spec) -> None:
+    """`chain store list`: one line per entry, every stored string made printable."""
+    rows = entries(store)
+    ours = [r for r in rows if r["check"] != FOREIGN]
+    for r in ours:
+        fields = (r["winner"], r["decided_at"], r["host"], r["origin"])
+        what = "  ".join(printable(f, 120) for f in fields)
+        shown = what if r["check"] == "ok" else "IGNORED: " + printable(r["check"], 300)
+        print(f"{r['key']}  {shown}")
+    print(f"{len(ours)} entr{'y' if len(ours) == 1 else 'ies'} in {printable(_where(store))}")
+    _skipped([r["key"] for r in rows if r["check"] == FOREIGN])
+
+
+def _skipped(foreign: list[str]) -> None:
+    """A note on stderr for the foreign names a command left alone."""
+    if foreign:
+        names = ", ".join(printable(n, 80) for n in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        print(
+            f"chain store: skipped {len(foreign)} foreign name(s): {names}{more} ({FOREIGN})",
+            file=sys.stderr,
+        )
 
 
 def _where(store: Spec) -> str:
