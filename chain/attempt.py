@@ -19,6 +19,7 @@ from backends.registry import Backend
 from chain.fp64 import Later
 from chain.isolation import Isolation, WeightWatch, compile_copy, fresh_copy
 from chain.records import Attempt, Status
+from chain.timing import compiling, lineage
 from chain.verify import Verdict, compare, compare_writes
 from chain.worker import CompileTimeout as CompileTimeout  # re-exported: chain.attempt's
 from chain.worker import RunTimeout, within
@@ -158,9 +159,17 @@ def _compile(
     options: dict[str, Any],
     timeout_s: float | None,
 ) -> Callable[..., Any]:
-    """Call the backend; with a timeout, in a thread abandoned if it hangs (chain.worker)."""
+    """Call the backend; with a timeout, in a thread abandoned if it hangs (chain.worker).
+    The compile is marked in flight (`chain.timing.compiling`) until it ends, even
+    abandoned: no timing runs beside it unflagged."""
+    enclosing = lineage()
+
+    def run() -> Callable[..., Any]:
+        with compiling(backend.name, enclosing):
+            return backend(gm, inputs, **options)
+
     return within(
-        lambda: backend(gm, inputs, **options),
+        run,
         timeout_s,
         CompileTimeout,
         "in its compile",

@@ -32,7 +32,7 @@ from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
 from chain.report_file import ReportFile
 from chain.resolve import BackendSpec, resolve
-from chain.speed import EAGER, EAGER_REF, SpeedRules
+from chain.speed import EAGER, EAGER_REF, SpeedRules, not_decided
 from chain.timing import Timing
 from chain.verify import unchanged
 from chain.watch import Demoted, Expected, RunChecks, Watch, Writes
@@ -210,10 +210,13 @@ class Chain:
 
     def _tie_not_kept(self, record: GraphRecord) -> str | None:
         """Why a decision is not remembered: under the eager floor, a winner whose measured
-        speedup is below 1 won a tie within the noise of this run; a hit skips timing, so
-        remembering it would keep a slower backend in every later process."""
+        speedup is below 1 won a tie within the noise of this run, or the decision compared
+        speeds in a noisy or undecided timing (chain.speed.not_decided); a hit skips
+        timing, so remembering it would keep a slower backend in every later process."""
         won = record.winning_attempt
         speedup = won.speedup if won is not None else None
+        if self.eager_floor and (why := not_decided(record)):
+            return f"memory: not remembered: {why}; the next process selects again"
         if not self.eager_floor or speedup is None or speedup >= 1.0:
             return None
         return (
@@ -642,6 +645,7 @@ class Chain:
             attempts = self.speed.pick_fastest(attempts, eager)
         elif not passed:
             attempts = self.speed.rescue_slower(attempts, slow, passed)
+        attempts = self.speed.explained(attempts)  # the winner's reason: its speed case
         if self.speed.floor_needed(attempts):
             attempts.append(self.speed.floor_attempt(eager))
             passed[EAGER] = gm.forward

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,8 @@ _NUMBERS = (
     "eager_error",
     "error_ratio",
     "spread_ms",
+    "speedup_lo",
+    "speedup_hi",
 )
 
 
@@ -67,6 +70,64 @@ def number(value: Any, what: str) -> float | None:
     if isinstance(value, str) and value in jf.NON_FINITE:
         return jf.NON_FINITE[value]
     raise TypeError(f"{what} should be a number or null, got {jf.short(value)}")
+
+
+@dataclass(frozen=True)
+class TimingEvidence:
+    """How one timing run went (chain.timing): enough to judge its figures. `noisy` says
+    why they may not hold (empty: they do); a noisy decision is never remembered."""
+
+    rounds: int  # timed rounds (a re-timing's only, when there was one)
+    seconds: float  # spent in rounds, re-timing included
+    eager_spread: float | None = None  # eager's own rounds: interquartile range / median
+    load: float | None = None  # the 1-minute load average per CPU, the highest seen
+    cpus: int | None = None
+    retimed: int = 0  # re-timings of an implausible figure
+    noisy: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "noisy": list(self.noisy)}
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str = "timing") -> TimingEvidence | None:
+        """The evidence `to_dict` wrote (None when absent); TypeError naming a wrong field."""
+        if data is None:
+            return None
+        data = jf.mapping(data, what)
+        return cls(
+            rounds=jf.integer(data.get("rounds", 0), f"{what}: rounds"),
+            seconds=number(data.get("seconds"), f"{what}: seconds") or 0.0,
+            eager_spread=number(data.get("eager_spread"), f"{what}: eager_spread"),
+            load=number(data.get("load"), f"{what}: load"),
+            cpus=jf.optional_integer(data.get("cpus"), f"{what}: cpus"),
+            retimed=jf.integer(data.get("retimed", 0), f"{what}: retimed"),
+            noisy=jf.texts(data.get("noisy", []), f"{what}: noisy"),
+        )
+
+    def merged(self, other: TimingEvidence) -> TimingEvidence:
+        """Two runs of one graph as one: rounds and seconds added, the worst of the rest."""
+        worst = [x for x in (self.eager_spread, other.eager_spread) if x is not None]
+        loads = [x for x in (self.load, other.load) if x is not None]
+        return TimingEvidence(
+            rounds=self.rounds + other.rounds,
+            seconds=self.seconds + other.seconds,
+            eager_spread=max(worst) if worst else None,
+            load=max(loads) if loads else None,
+            cpus=self.cpus or other.cpus,
+            retimed=self.retimed + other.retimed,
+            noisy=tuple(dict.fromkeys((*self.noisy, *other.noisy))),
+        )
+
+    def __str__(self) -> str:
+        parts = [f"{self.rounds} rounds in {self.seconds:.2f} s"]
+        if self.eager_spread is not None:
+            parts.append(f"eager's spread {self.eager_spread:.0%}")
+        if self.load is not None:
+            parts.append(f"load {self.load:.2f} per CPU")
+        if self.retimed:
+            parts.append(f"re-timed {self.retimed}x")
+        text = ", ".join(parts)
+        return f"noisy: {'; '.join(self.noisy)} ({text})" if self.noisy else text
 
 
 @dataclass(frozen=True)
@@ -91,10 +152,18 @@ class Attempt:
     retries: int = 0
     details: dict[str, Any] = field(default_factory=dict)
     cuda_graphs: bool = False  # this attempt is a backend's variant run under CUDA graphs
+    # the speedup's 99% confidence interval (paired by round) and the verdict it gives
+    # against eager (chain.timing: faster, slower, tie, undecided, or reference: eager
+    # itself), and the run it was timed in; None when not timed
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    verdict: str | None = None
+    evidence: TimingEvidence | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["status"] = self.status.value
+        out["evidence"] = self.evidence.to_dict() if self.evidence is not None else None
         return out
 
     @classmethod
@@ -113,6 +182,8 @@ class Attempt:
         kwargs["retries"] = jf.integer(kwargs.get("retries", 0), f"{who}: retries")
         kwargs["details"] = jf.mapping(kwargs.get("details", {}), f"{who}: details")
         kwargs["cuda_graphs"] = jf.flag(kwargs.get("cuda_graphs", False), f"{who}: cuda_graphs")
+        kwargs["verdict"] = jf.optional_text(kwargs.get("verdict"), f"{who}: verdict")
+        kwargs["evidence"] = TimingEvidence.from_dict(kwargs.get("evidence"), f"{who}: evidence")
         return cls(**kwargs)
 
     def __str__(self) -> str:
@@ -120,6 +191,17 @@ class Attempt:
         if self.speedup is not None and self.status in (Status.WON, Status.SLOWER):
             text += f" ({self.speedup:.2f}x)"
         return f"{text}: {self.reason}" if self.reason else text
+
+
+def merged_evidence(attempts: Sequence[Attempt]) -> TimingEvidence | None:
+    """The evidence of the timing runs behind `attempts` (each run once), as one."""
+    runs = list(dict.fromkeys(a.evidence for a in attempts if a.evidence is not None))
+    if not runs:
+        return None
+    out = runs[0]
+    for run in runs[1:]:
+        out = out.merged(run)
+    return out
 
 
 @dataclass(frozen=True)
@@ -154,6 +236,17 @@ class GraphRecord:
         won = [a for a in self.attempts if a.status is Status.WON]
         return won[-1] if won else None
 
+    @property
+    def timing(self) -> TimingEvidence | None:
+        """The evidence of every timing run behind this graph's figures, as one."""
+        return merged_evidence(self.attempts)
+
+    @property
+    def noisy(self) -> bool:
+        """Its speed figures may not hold (a busy machine, a wide spread): see `timing`."""
+        timing = self.timing
+        return timing is not None and bool(timing.noisy)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -170,6 +263,9 @@ class GraphRecord:
             "recompiles": self.recompiles,
             "recompile_reason": self.recompile_reason,
             "watch": self.watch.to_dict() if self.watch is not None else None,
+            # derived from the attempts' evidence (read back from them, not from here)
+            "timing": self.timing.to_dict() if self.timing is not None else None,
+            "noisy": self.noisy,
             "buckets": self.buckets.to_dict() if self.buckets is not None else None,
             "attempts": [a.to_dict() for a in self.attempts],
             "sources": dict(self.sources),

@@ -13,12 +13,25 @@ import torch
 from torch import fx
 
 from chain.attempt import Mismatch, Reference, failed_attempt
-from chain.records import Attempt, Status
-from chain.timing import Timing, TimingError, measure
+from chain.records import Attempt, GraphRecord, Status
+from chain.timing import (
+    FASTER,
+    REFERENCE,
+    SLOWER,
+    TIED,
+    UNDECIDED,
+    Timing,
+    TimingError,
+    lineage,
+    measure,
+    quiet,
+)
 
 EAGER = "eager"  # the floor's name in reports: eager runs a graph no backend runs faster
 EAGER_BIAS = 0.99  # a compiler must beat eager by 1% to win in "fastest" mode: noise never does
 EAGER_REF = "<eager reference>"  # eager's timing among the candidates'
+UNDECIDED_MORE = 4  # undecided after the budget: up to 4 budgets more of rounds, then eager
+QUIET_S = 5.0  # the longest wait for another compile in the process to end before timing
 
 Fns = dict[str, Callable[..., Any]]
 
@@ -33,24 +46,28 @@ class SpeedRules:
     strict: bool
     budget_s: float
     stall_s: float | None = None  # compile_timeout_s: the longest one timed call may take
+    quiet_s: float = QUIET_S  # the longest wait for other compiles to end before timing
 
     def time(
         self, attempts: list[Attempt], fns: Fns, gm: fx.GraphModule, reference: Reference
     ) -> tuple[list[Attempt], dict[str, Timing]]:
-        """Time eager and `fns` in one run; fill in latency, spread and speedup.
+        """Time eager and `fns` in one run; fill in latency, spread, speedup, its interval,
+        the verdict and the run's evidence.
 
-        A candidate that raises while timed becomes a runtime_error and leaves `fns`. One
-        that returned `gm.forward` itself (the "eager" backend) is the reference: it takes
-        the reference's timing rather than a second, noisy one of the same function.
+        A candidate that raises while timed becomes a runtime_error and leaves `fns`. The
+        eager backend (by name: what its callable is varies, a lazy graph module's stub
+        with inductor in the chain) and any candidate that returned `gm.forward` itself are
+        the reference: they take its timing, 1.0x by construction, never a second one.
         """
-        same = [k for k, f in fns.items() if f == gm.forward]  # bound methods compare equal
+        same = [k for k, f in fns.items() if is_reference(k, f, gm)]
+        quiet(self.quiet_s, lineage())  # what still runs then is on the evidence
         while True:
             try:
                 timings = measure(
                     {EAGER_REF: gm.forward, **{k: f for k, f in fns.items() if k not in same}},
                     reference.inputs(),
                     baseline=EAGER_REF,
-                    budget_s=self.budget_s,
+                    budget_s=self.budget_s * (1 + UNDECIDED_MORE),
                     stall_s=self.stall_s,
                 )
                 break
@@ -74,17 +91,7 @@ class SpeedRules:
         timings.update({k: timings[EAGER_REF] for k in same})
         attempts = _weights_after_timing(attempts, fns, reference)
         attempts = _verified_after_timing(attempts, fns, reference, self.strict, same)
-        return [
-            dataclasses.replace(
-                a,
-                latency_ms=timings[a.backend].median_ms,
-                spread_ms=timings[a.backend].spread_ms,
-                speedup=timings[a.backend].speedup,
-            )
-            if a.backend in fns
-            else a
-            for a in attempts
-        ], timings
+        return [timed(a, timings[a.backend]) if a.backend in fns else a for a in attempts], timings
 
     def judge(
         self,
@@ -95,8 +102,9 @@ class SpeedRules:
         slow: Fns,
         floored: Fns,
     ) -> tuple[Attempt, Callable[..., Any] | None]:
-        """`first` mode, a timed candidate: it wins, or is `slower` (below the eager floor:
-        into `floored`; below min_speedup unless `last`: into `slow`, for the rescue)."""
+        """`first` mode, a timed candidate: it wins, or is `slower` (below the eager floor,
+        undecided included: into `floored`; below min_speedup unless `last`: into `slow`,
+        for the rescue)."""
         if attempt.status is not Status.WON:
             return attempt, None
         if reason := self.below_floor(attempt.backend, timings):
@@ -115,50 +123,69 @@ class SpeedRules:
         return attempt.speedup < self.min_speedup
 
     def below_floor(self, name: str, timings: dict[str, Timing]) -> str | None:
-        """Why a passing backend loses to eager: measurably slower (ties are not losses)."""
+        """Why a passing backend loses to eager: measurably slower, or undecided once the
+        rounds ran out (ties are not losses; eager itself never loses to itself)."""
         timing, eager = timings[name], timings[EAGER_REF]
-        if not self.eager_floor or name == EAGER or not timing.slower:
+        if not self.eager_floor or timing.verdict in (FASTER, TIED, REFERENCE):
             return None
-        return (
-            f"measurably slower than eager: {timing.describe()} vs eager "
-            f"{eager.median_ms:.3f} ± {eager.spread_ms:.3f} ms"
-        )
+        return lost_to_eager(timing, eager)
 
     def pick_fastest(self, attempts: list[Attempt], eager: Timing | None) -> list[Attempt]:
-        """Among passing attempts the fastest wins; eager wins unless beaten by 1%.
+        """Among passing attempts the fastest wins; under the floor only one measurably
+        faster than eager (by 1%, with 99% confidence) can beat eager.
 
         With the floor (the default), eager competes whether or not the chain names it.
         """
         passing = [a for a in attempts if a.status is Status.WON]
         if not passing:
             return attempts
-        best: Attempt | None = min(passing, key=lambda a: a.latency_ms or float("inf"))
         named = next((a for a in passing if a.backend == EAGER), None)
-        eager_ms = named.latency_ms if named is not None else None
         if self.eager_floor and eager is not None:
-            eager_ms = eager.median_ms
-        if (
-            best is not None
-            and best is not named
-            and eager_ms is not None
-            and (best.latency_ms or 0) > EAGER_BIAS * eager_ms
-        ):
-            best = named  # None: the floor, which the chain appends (floor_attempt)
-        against = (
-            f"{best.latency_ms:.3f} ms for {best.backend}"
-            if best is not None
-            else f"eager's {eager_ms:.3f} ms (a backend must beat eager by 1%)"
-        )
+            faster = [a for a in passing if a.verdict == FASTER]
+            best = min(faster, key=_latency) if faster else named  # None: the floor
+        else:
+            best = _fastest_unfloored(passing, named)
         return [
-            a
-            if a is best or a.status is not Status.WON
-            else dataclasses.replace(
-                a,
-                status=Status.SLOWER,
-                reason=f"{a.latency_ms:.3f} ± {a.spread_ms or 0:.3f} ms vs {against}",
-            )
+            a if a is best or a.status is not Status.WON else self._beaten(a, best, eager)
             for a in attempts
         ]
+
+    def _beaten(self, attempt: Attempt, best: Attempt | None, eager: Timing | None) -> Attempt:
+        """A passing attempt that lost in `fastest` mode, with why: to `best`, or to eager."""
+        if best is not None and best.backend != EAGER:
+            reason = (
+                f"{attempt.latency_ms:.3f} ± {attempt.spread_ms or 0:.3f} ms vs "
+                f"{best.latency_ms:.3f} ms for {best.backend}"
+            )
+        elif eager is None:
+            reason = f"{attempt.latency_ms:.3f} ± {attempt.spread_ms or 0:.3f} ms: eager kept"
+        else:
+            reason = lost_to_eager(_as_timing(attempt), eager)
+        return dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
+
+    def explained(self, attempts: list[Attempt]) -> list[Attempt]:
+        """The winner's reason says why it won on speed: its speedup and interval, a kept
+        tie as one (whatever reason it had stays after it)."""
+        return [
+            dataclasses.replace(a, reason="; ".join(filter(None, (a.reason, why))))
+            if a.status is Status.WON and (why := self.why_won(a)) and why not in a.reason
+            else a
+            for a in attempts
+        ]
+
+    def why_won(self, attempt: Attempt) -> str | None:
+        """A timed winner's case against eager, in words; None when it was not timed."""
+        if attempt.verdict is None or attempt.speedup_lo is None:
+            return None
+        figures = f"{_as_timing(attempt).describe()}, {_rounds(attempt)}"
+        if attempt.verdict == REFERENCE:
+            return "eager itself, the reference: 1.00x by construction"
+        if attempt.verdict == FASTER:
+            return f"faster than eager: {figures}"
+        if attempt.verdict == TIED:
+            return f"a tie with eager, kept (a tie is not a loss): {figures}"
+        floor = "" if self.eager_floor else ", kept: eager_floor=False"
+        return f"{attempt.verdict} against eager{floor}: {figures}"
 
     def rescue_slower(self, attempts: list[Attempt], slow: Fns, passed: Fns) -> list[Attempt]:
         """No candidate reached min_speedup: the fastest that passed verification wins anyway
@@ -194,7 +221,95 @@ class SpeedRules:
             latency_ms=eager.median_ms if eager else None,
             spread_ms=eager.spread_ms if eager else None,
             speedup=1.0 if eager else None,
+            speedup_lo=1.0 if eager else None,
+            speedup_hi=1.0 if eager else None,
+            verdict=REFERENCE if eager else None,
+            evidence=eager.evidence if eager else None,
         )
+
+
+def not_decided(record: GraphRecord) -> str | None:
+    """Why a graph's decision is not decided enough to remember: it compared speeds (a
+    candidate other than eager was timed) and its timing was noisy, or its winner was
+    undecided against eager. One that compared none (eager alone) holds under any load."""
+    compared = [a for a in record.attempts if a.verdict not in (None, REFERENCE)]
+    if not compared:
+        return None
+    won = record.winning_attempt
+    if won is not None and won.verdict == UNDECIDED:
+        return f"{won.backend} won undecided against eager ({_as_timing(won).interval()})"
+    timing = record.timing
+    if timing is not None and timing.noisy:
+        return f"the timing was noisy ({'; '.join(timing.noisy)})"
+    return None
+
+
+def is_reference(name: str, fn: Callable[..., Any], gm: fx.GraphModule) -> bool:
+    """Whether a candidate is eager's reference run: the eager backend (named so in the
+    registry), or a backend that returned `gm.forward` itself (bound methods compare equal)."""
+    return name == EAGER or fn == gm.forward
+
+
+def timed(attempt: Attempt, timing: Timing) -> Attempt:
+    """`attempt` with its figures from `timing`: latency, spread, speedup and interval,
+    verdict, and the run's evidence."""
+    return dataclasses.replace(
+        attempt,
+        latency_ms=timing.median_ms,
+        spread_ms=timing.spread_ms,
+        speedup=timing.speedup,
+        speedup_lo=timing.speedup_lo,
+        speedup_hi=timing.speedup_hi,
+        verdict=timing.verdict,
+        evidence=timing.evidence,
+    )
+
+
+def lost_to_eager(timing: Timing, eager: Timing) -> str:
+    """Why a candidate lost to eager: measurably slower, a tie (fastest mode: eager kept),
+    or undecided when the rounds ran out."""
+    against = f"vs eager {eager.median_ms:.3f} ± {eager.spread_ms:.3f} ms"
+    if timing.verdict == SLOWER:
+        return f"measurably slower than eager: {timing.describe()} {against}"
+    if timing.verdict == TIED:
+        return (
+            f"a tie with eager: {timing.describe()} {against}; eager kept (a backend must "
+            "beat eager by 1% with 99% confidence)"
+        )
+    return (
+        f"undecided against eager after {timing.samples} rounds: {timing.describe()} "
+        f"{against}; eager kept (the floor)"
+    )
+
+
+def _latency(attempt: Attempt) -> float:
+    return attempt.latency_ms if attempt.latency_ms is not None else float("inf")
+
+
+def _fastest_unfloored(passing: list[Attempt], named: Attempt | None) -> Attempt | None:
+    """Without the floor: the fastest passing attempt, unless the named eager is within 1%."""
+    best = min(passing, key=_latency)
+    if named is None or best is named or named.latency_ms is None:
+        return best
+    return named if _latency(best) > EAGER_BIAS * named.latency_ms else best
+
+
+def _as_timing(attempt: Attempt) -> Timing:
+    """A timed attempt's figures as a Timing (for the wording of its reason)."""
+    return Timing(
+        median_ms=attempt.latency_ms or 0.0,
+        spread_ms=attempt.spread_ms or 0.0,
+        samples=attempt.evidence.rounds if attempt.evidence is not None else 0,
+        speedup=attempt.speedup or 0.0,
+        speedup_lo=attempt.speedup_lo or 0.0,
+        speedup_hi=attempt.speedup_hi or 0.0,
+        verdict=attempt.verdict or UNDECIDED,
+    )
+
+
+def _rounds(attempt: Attempt) -> str:
+    evidence = attempt.evidence
+    return f"{evidence.rounds} rounds" if evidence is not None else "untimed"
 
 
 def _weights_after_timing(attempts: list[Attempt], fns: Fns, reference: Reference) -> list[Attempt]:

@@ -84,7 +84,9 @@ def test_named_eager_wins_over_a_slower_backend_in_first_mode() -> None:
     compile_and_check(model, args, backend)
     slow, eager = backend.report.graphs[0].attempts
     assert slow.status is Status.SLOWER and eager.status is Status.WON
-    assert eager.reason == ""  # named: not the floor
+    # named: not the floor; its reason says why it won (it is the reference: 1.0x exactly)
+    assert eager.reason == "eager itself, the reference: 1.00x by construction"
+    assert eager.speedup == 1.0 and eager.verdict == "reference"
 
 
 def test_a_tie_is_not_a_loss() -> None:
