@@ -72,6 +72,10 @@ def number(value: Any, what: str) -> float | None:
     raise TypeError(f"{what} should be a number or null, got {jf.short(value)}")
 
 
+# a timed attempt's verdict against eager (chain.timing); REFERENCE: eager itself, 1.0x
+FASTER, SLOWER, TIED, UNDECIDED, REFERENCE = "faster", "slower", "tie", "undecided", "reference"
+
+
 @dataclass(frozen=True)
 class TimingEvidence:
     """How one timing run went (chain.timing): enough to judge its figures. `noisy` says

@@ -18,7 +18,7 @@ from backends.common.files import UnsafeFile, atomic_write, read_bounded
 from chain import json_fields as jf
 from chain.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
 from chain.json_fields import deeper_than, short
-from chain.records import FAILURES, Attempt, GraphRecord, Status
+from chain.records import FAILURES, REFERENCE, Attempt, GraphRecord, Status
 
 if TYPE_CHECKING:
     from chain.buckets.stats import Bucket
@@ -46,6 +46,30 @@ ATTEMPT_COLUMNS: tuple[Column[tuple[GraphRecord, Attempt]], ...] = (
 )
 
 
+def against_eager(attempt: Attempt) -> str | None:
+    """The speed verdict with its 99% interval: `faster 1.38-1.52x`, `reference` for eager
+    itself; None when not timed."""
+    if attempt.verdict is None:
+        return None
+    if attempt.speedup_lo is None or attempt.speedup_hi is None or attempt.verdict == REFERENCE:
+        return attempt.verdict
+    return f"{attempt.verdict} {attempt.speedup_lo:.2f}-{attempt.speedup_hi:.2f}x"
+
+
+def timing_text(record: GraphRecord) -> str | None:
+    """How the graph's figures were timed, `noisy: why` first when they may not hold."""
+    timing = record.timing
+    return None if timing is None else str(timing)
+
+
+def noise_flag(record: GraphRecord) -> str | None:
+    """The tables' short form: `noisy: why` when the figures may not hold, else `ok`."""
+    timing = record.timing
+    if timing is None:
+        return None
+    return f"noisy: {'; '.join(timing.noisy)}" if timing.noisy else f"ok ({timing.rounds} rounds)"
+
+
 def recompile_text(record: GraphRecord) -> str | None:
     """`graph N: why` for a recompile (why: dynamo's failed guard), None for a first compile."""
     if record.recompiles is None:
@@ -59,6 +83,7 @@ GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
     Column("nodes", lambda g: g.num_nodes),
     Column("eager ms", lambda g: g.eager_ms, ".3f"),
     Column("winner", lambda g: g.winner, wrap=True),
+    Column("timing", noise_flag, wrap=True),
     Column("recompiles", recompile_text, wrap=True),
     Column("notes", lambda g: g.notes, lambda notes: "; ".join(notes), wrap=True),
 )
@@ -150,6 +175,7 @@ class Report:
         return {
             "graphs": len(self.graphs),
             "winners": dict(winners.most_common()),
+            "noisy": sum(g.noisy for g in self.graphs),  # graphs whose figures may not hold
             "eager_ms": round(eager, 6) if winner else None,
             "winner_ms": round(winner, 6) if winner else None,
             "speedup": round(eager / winner, 4) if winner else None,
@@ -245,6 +271,8 @@ class Report:
                 f"; eager {s['eager_ms']:.3f} ms / winners {s['winner_ms']:.3f} ms "
                 f"= {s['speedup']:.2f}x"
             )
+        if s["noisy"]:
+            line += f"; {s['noisy']} noisy graph(s): their figures may not hold"
         return line
 
     def table(self, failures_only: bool = False) -> Group:

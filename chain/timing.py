@@ -38,7 +38,7 @@ import torch
 
 from backends import cancel
 from backends.errors import BackendExit
-from chain.records import TimingEvidence
+from chain.records import FASTER, REFERENCE, SLOWER, TIED, UNDECIDED, TimingEvidence
 from chain.worker import Progress, RunTimeout, within
 
 Z = 2.576  # 99% two-sided: a tie is called a loss (or a win) in well under 1% of graphs
@@ -49,9 +49,6 @@ EAGER_SPREAD = 0.25  # eager's own rounds spread over 25% of their median: noisy
 LOAD_LIMIT = 1.25  # more runnable threads per CPU than this (1-minute load average): noisy
 WIDE = 10.0  # a speedup interval wider than this (hi / lo): noisy, and re-timed first
 IMPLAUSIBLE = {"cpu": 50.0, "cuda": 500.0}  # speedups re-timed before they are believed
-
-FASTER, SLOWER, TIED, UNDECIDED = "faster", "slower", "tie", "undecided"
-REFERENCE = "reference"  # the baseline itself: 1.0 by construction
 
 
 class TimingError(Exception):

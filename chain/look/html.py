@@ -16,8 +16,8 @@ from typing import Any
 from backends.common.files import atomic_write
 from chain.accuracy import MULTIPLE
 from chain.buckets.stats import BucketStats
-from chain.records import Attempt, GraphRecord, Status
-from chain.report import BUCKET_COLUMNS, Report, recompile_text
+from chain.records import REFERENCE, Attempt, GraphRecord, Status
+from chain.report import BUCKET_COLUMNS, Report, against_eager, recompile_text, timing_text
 
 NO_PLOTLY = (
     "Charts left out: plotly is not installed here "
@@ -40,6 +40,7 @@ font-weight:600}
 .none{background:#fdecea;color:#b42318}
 .bar{display:inline-block;height:8px;background:#4c78a8;border-radius:2px;vertical-align:middle}
 .bar.over{background:#b42318}
+.noisy{color:#a06a00;font-weight:600}
 .note{background:#fff7e0;border:1px solid #f0d48a;padding:8px 12px;border-radius:6px}
 .repro{color:#5a6270;font-size:12px}
 details{margin:4px 0} summary{cursor:pointer} pre{white-space:pre-wrap;font-size:12px}
@@ -123,10 +124,19 @@ def _timeline_rows(report: Report) -> list[list[str]]:
                 _n(f"<b>{speedup:.2f}x</b>" if speedup is not None else ""),
                 _n(_num(g.eager_ms, ".3f")),
                 _n(_num(won.latency_ms if won else None, ".3f")),
+                _timing_cell(g),
                 _e(recompile_text(g) or ""),
             ]
         )
     return rows
+
+
+def _timing_cell(graph: GraphRecord) -> str:
+    """The graph's timing evidence; a noisy one flagged so that it stands out."""
+    text = timing_text(graph)
+    if text is None:
+        return ""
+    return f'<span class="noisy">{_e(text)}</span>' if graph.noisy else _e(text)
 
 
 def _error_cell(a: Attempt) -> str:
@@ -161,6 +171,7 @@ def _attempt_rows(graph: GraphRecord) -> list[list[str]]:
                 _n(_num(a.compile_s, ".2f")),
                 _n(_num(a.latency_ms, ".3f")),
                 _n(_num(a.speedup, ".2f")),
+                _e(against_eager(a) or ""),
                 _n(_num(a.max_abs_err, ".1e")),
                 _error_cell(a),
                 reason,
@@ -179,6 +190,9 @@ def _graph_section(graph: GraphRecord) -> str:
     parts.append(f"<p>{_e(', '.join(facts))}</p>")
     if (text := recompile_text(graph)) is not None:
         parts.append(f"<p>Recompiles {_e(text)}</p>")
+    if (timing := timing_text(graph)) is not None:
+        cls = ' class="note"' if graph.noisy else ""
+        parts.append(f"<p{cls}>Timing: {_e(timing)}</p>")
     if graph.notes:
         parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in graph.notes) + "</ul>")
     headers = (
@@ -187,6 +201,7 @@ def _graph_section(graph: GraphRecord) -> str:
         "compile s",
         "latency ms",
         "speedup",
+        "vs eager (99% CI)",
         "max err",
         f"err / eager err (allowed {MULTIPLE:g})",
         "reason",
@@ -230,7 +245,10 @@ def _charts(report: Report) -> list[str]:
         go.Bar(
             x=labels,
             y=speedups,
-            text=[f"{w} {s:.2f}x" for w, s in zip(winners, speedups, strict=True)],
+            text=[
+                f"{w} {s:.2f}x" + (" (noisy)" if g.noisy else "")
+                for w, s, g in zip(winners, speedups, report.graphs, strict=True)
+            ],
             textposition="auto",
             marker_color=["#2ca02c" if s >= 1 else "#d62728" for s in speedups],
             hovertext=[g.origin for g in report.graphs],
@@ -247,7 +265,9 @@ def _charts(report: Report) -> list[str]:
     for g in report.graphs:
         backends["eager (reference)"].append(g.eager_ms)
     for i, g in enumerate(report.graphs):
-        for a in g.attempts:
+        for a in g.attempts:  # eager's own attempt is the reference bar: one eager bar
+            if a.verdict == REFERENCE or a.backend == "eager":
+                continue
             if a.latency_ms is not None and a.status in (Status.WON, Status.SLOWER):
                 backends.setdefault(a.backend, [None] * len(report.graphs))[i] = a.latency_ms
     for values in backends.values():
@@ -280,6 +300,7 @@ def render(report: Report, title: str = "backend-chain report", charts: bool = T
             "speedup",
             "eager ms",
             "winner ms",
+            "timing",
             "recompiles",
         ),
         _timeline_rows(report),
