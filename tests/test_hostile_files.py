@@ -550,3 +550,37 @@ def test_chain_report_o_writes_a_regular_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == f"wrote {out}"
     assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+# -- the TensorRT engine cache (its files only: runs without TensorRT) --------------------------
+
+
+def test_engine_cache_refuses_links_and_fifos_and_is_private(tmp_path: Path) -> None:
+    from backends.tensorrt.conversion.cache import EngineCache
+
+    cache = EngineCache(tmp_path / "trt")
+    cache.store("a" * 64, b"engine-bytes", {"inputs": ["x"], "outputs": ["y"]})
+    engines = tmp_path / "trt" / "engines"
+    assert stat.S_IMODE(engines.stat().st_mode) == 0o700
+    engine, meta = engines / ("a" * 64 + ".engine"), engines / ("a" * 64 + ".json")
+    engine.unlink()
+    victim = _victim(tmp_path)
+    engine.symlink_to(victim)
+    with pytest.warns(RuntimeWarning, match=r"ignoring .* \(a symbolic link\)"):
+        assert cache.load("a" * 64) is None  # a miss: the engine is rebuilt
+    with pytest.warns(RuntimeWarning, match=r"not cached: .* \(a symbolic link\)"):
+        cache.store("a" * 64, b"rebuilt", {"inputs": ["x"], "outputs": ["y"]})
+    _intact(victim)
+    _is_link(engine, victim)
+    meta.unlink()
+    os.mkfifo(meta)  # nobody writes: reading it must not wait
+    with deadline(10), pytest.warns(RuntimeWarning, match=r"\(a FIFO\)"):
+        assert cache.load("a" * 64) is None
+    _is(meta, stat.S_ISFIFO)
+    timing = tmp_path / "trt" / "timing.cache"
+    timing.symlink_to("/dev/zero")
+    with memory_cap(1 << 30), pytest.warns(RuntimeWarning, match=r"\(a symbolic link\)"):
+        assert cache.read_timing_cache() == b""
+    with pytest.warns(RuntimeWarning, match=r"timing cache not saved: .* \(a symbolic link\)"):
+        cache.write_timing_cache(b"tactics")
+    _is_link(timing, Path("/dev/zero"))
