@@ -61,6 +61,9 @@ class Reference:
     runs: tuple[Any, ...] | None = ()
     isolation: Isolation | None = None  # None: every tensor input copied, none watched
     after: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the copies' version counters before eager ran on them (a copy of an inference tensor
+    # starts at 1, not 0): eager wrote the ones whose counter moved from there
+    after_base: dict[int, int] = field(default_factory=dict)
     wrote: frozenset[int] = frozenset()
     watch: WeightWatch | None = None
     reductions: tuple[int, ...] = ()  # per output: how many values it reduces over

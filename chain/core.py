@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.versions import version
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain import graphinfo, recompiles
@@ -301,7 +302,9 @@ class Chain:
         stats = RunChecks(reverify_rate=self.reverify_rate if self.watch else 0.0)
         expected, writes = None, None
         if reference.runs is not None and reference.after:
-            writes = Writes.found(reference.runs, reference.after)
+            writes = Writes.found(
+                reference.runs, reference.after, reference.after_base, reference.wrote
+            )
         if not self.watch:
             stats.unchecked.append("run-time checks off: watch=False")
         elif reference.outputs is None or reference.runs is None:
@@ -566,8 +569,10 @@ class Chain:
             return reference, notes
         watch = isolation.watch(concrete.values)
         if not unverified:
+            ran = reference.inputs()
+            base = {i: version(t) for i, t in enumerate(ran) if isinstance(t, torch.Tensor)}
             with torch.no_grad():
-                outputs = gm(*(ran := reference.inputs()))
+                outputs = gm(*ran)
             if (weights := watch.check("eager (the reference run)")) is not None:
                 notes.append(
                     f"eager's reference run {weights}: the chain could not see "
@@ -586,6 +591,7 @@ class Chain:
                 outputs=outputs,
                 fp64=fp64,
                 after=after,
+                after_base={i: base[i] for i in after},
                 wrote=wrote,
                 recorded=recorded,
                 later=later,

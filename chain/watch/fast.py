@@ -81,7 +81,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     return Slow(n, False, out, versions)
             if versions is not None and read_versions(args, versioned) != versions:
                 return Slow(n, False, out, versions)
-            if reuse is not None and reuse(out) is not None:
+            if reuse is not None and reuse(n, out) is not None:
                 return Slow(n, False, out, versions)
             if scanned and draw() < watch.scan_share and not all(_finite(out[i]) for i in scanned):
                 return Slow(n, True, out, versions)  # suspect: re-verified at once

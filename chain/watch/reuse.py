@@ -27,37 +27,26 @@ class Reuse:
     def __init__(self, positions: Sequence[int]) -> None:
         """`positions`: the flat outputs eager returns in fresh memory (non-empty ones)."""
         self.positions = tuple(positions)
-        self.recent: deque[tuple[tuple[int, int, weakref.ref[Any]], ...]] = deque(maxlen=RECENT)
+        self.recent: deque[tuple[int, tuple[tuple[int, int, weakref.ref[Any]], ...]]] = deque(
+            maxlen=RECENT
+        )
 
-    def check(self, leaves: Sequence[Any]) -> str | None:
-        """Why this call's outputs are memory an earlier call returned (None: they are not);
-        then remembers them. Checking the same outputs again (the general path after the
-        fast path) compares them with the calls before theirs, and remembers them once."""
+    def check(self, n: int, leaves: Sequence[Any]) -> str | None:
+        """Why call `n`'s outputs are memory an earlier call returned (None: they are not);
+        then remembers them. Call `n` checked again (the general path after the fast path)
+        is compared with the calls before it, and remembered once."""
         now = tuple(
             (i, t.data_ptr(), weakref.ref(t)) for i in self.positions if (t := leaves[i]).numel()
         )
-        earlier = tuple(self.recent)
-        if earlier and _same(earlier[-1], now):
-            earlier = earlier[:-1]
-        else:
-            self.recent.append(now)
+        earlier = [outputs for call, outputs in tuple(self.recent) if call != n]
+        if not self.recent or self.recent[-1][0] != n:
+            self.recent.append((n, now))
         ptrs = {ptr: i for i, ptr, _ in now}
-        for call in earlier:
-            for j, ptr, ref in call:
+        for outputs in earlier:
+            for j, ptr, ref in outputs:
                 if ptr in ptrs and (held := ref()) is not None and held.numel():
                     return (
                         f"output {ptrs[ptr]} is the memory of output {j} of an earlier call, "
                         "which the caller still holds: that answer was overwritten"
                     )
         return None
-
-
-def _same(
-    call: tuple[tuple[int, int, weakref.ref[Any]], ...],
-    now: tuple[tuple[int, int, weakref.ref[Any]], ...],
-) -> bool:
-    """Whether two remembered calls are the same outputs (the same tensor objects)."""
-    if len(call) != len(now):
-        return False
-    pairs = zip(call, now, strict=True)
-    return all(a[0] == b[0] and a[2]() is not None and a[2]() is b[2]() for a, b in pairs)

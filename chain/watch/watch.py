@@ -124,15 +124,18 @@ class Watch:
         if scan is None:
             share = self.scan_share
             scan = share >= 1.0 or self._draw() < share
-        reason, suspect = self._outputs(args, out, scan)
+        reason, suspect = self._outputs(n, args, out, scan)
         return reason, suspect or n >= self.schedule.due
 
-    def _outputs(self, args: Sequence[Any], out: Any, scan: bool) -> tuple[str | None, bool]:
-        """The output checks: as eager's (`Expected`), and not memory handed out before."""
+    def _outputs(
+        self, n: int, args: Sequence[Any], out: Any, scan: bool
+    ) -> tuple[str | None, bool]:
+        """Call `n`'s output checks: as eager's (`Expected`), and not memory handed out
+        at an earlier call."""
         assert self.expected is not None
         reason, suspect = self.expected.check(args, out, scan)
         if reason is None and self.reuse is not None:
-            reason = self.reuse.check(self.expected.leaves(out))
+            reason = self.reuse.check(n, self.expected.leaves(out))
         return reason, suspect
 
     def can_reverify_after(self, kept: dict[int, Any] | None) -> bool:
@@ -165,7 +168,7 @@ class Watch:
         eager_s = time.perf_counter() - start
         out = run()
         call_s = time.perf_counter() - start - eager_s
-        reason = self._outputs(args, out, False)[0] if self.expected is not None else None
+        reason = self._outputs(n, args, out, False)[0] if self.expected is not None else None
         if timed and reason is None and self.expected is not None and self.expected.scans:
             scan_start = time.perf_counter()
             self.expected.finite(out)  # timed: a NaN/inf is for the comparison below to name
@@ -255,6 +258,6 @@ def _restored(args: Sequence[Any], held: dict[int, torch.Tensor]) -> str | None:
     if not changed:
         return None
     with torch.no_grad():
-        for i in changed:
-            args[i].copy_(held[i])
+        for i in changed:  # behind the counter, as it was written: the caller sees no write
+            args[i].data.copy_(held[i])
     return f"wrote input(s) {changed} where eager does not (no version counter moved; restored)"

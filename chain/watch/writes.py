@@ -12,13 +12,12 @@ them twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import torch
 
 from backends.common.versions import NO_VERSION, version
-from chain.verify import unchanged
 
 SNAPSHOT_BYTES = 256 * 2**20  # the largest total size of written inputs copied per call
 
@@ -38,10 +37,21 @@ class Writes:
         self.bytes = size
 
     @classmethod
-    def found(cls, before: Sequence[Any], after: dict[int, torch.Tensor]) -> Writes | None:
-        """From eager's run at selection on clones (`after`: each clone after the call, whose
-        version counter started at 0): the inputs it wrote; None when it wrote none."""
-        written = [i for i, t in after.items() if _wrote(before[i], t)]
+    def found(
+        cls,
+        before: Sequence[Any],
+        after: dict[int, torch.Tensor],
+        base: Mapping[int, int],
+        changed: Set[int] = frozenset(),
+    ) -> Writes | None:
+        """From eager's run at selection on copies (`after`: each copy after the call; `base`:
+        its version counter before): the inputs it wrote; None when it wrote none. An
+        inference tensor keeps no counter: it is written when its values `changed`."""
+        written = [
+            i
+            for i, t in after.items()
+            if (i in changed if t.is_inference() else t._version != base.get(i, 0))
+        ]
         return cls(written, before) if written else None
 
     def keep(self, args: Sequence[Any]) -> dict[int, Any]:
@@ -76,10 +86,3 @@ class Writes:
                 "Re-create those inputs and call again (the chain has moved on)."
             )
 
-
-def _wrote(before: Any, after: torch.Tensor) -> bool:
-    """Whether eager's run wrote a clone (its counter started at 0); an inference tensor
-    keeps no counter, so its values are compared (a write of equal values goes unseen)."""
-    if after.is_inference():
-        return not unchanged(before, after)
-    return after._version > 0
