@@ -56,24 +56,34 @@ def _write_error(path: str, e: OSError) -> str:
 
 
 def _repro(args: argparse.Namespace) -> int:
-    from chain.look.repro import ReproError, write
+    """Write a repro; one line and exit 2 for a bad report, size, target or untrusted file."""
+    from chain.look.repro import ReproError, parse_size, write
 
     try:
-        sizes = dict(_size(s) for s in args.size)
+        sizes = dict(parse_size(s) for s in args.size)
         report = Report.load(args.file)
+        _trusted(args.file, args.trust)
         script = write(report, args.graph, args.backend, args.output, sizes, args.file)
     except (ReportError, ReproError) as e:
-        print(f"chain: error: {e}", file=sys.stderr)
+        print(f"chain: error: {printable(str(e))}", file=sys.stderr)
         return 2
-    print(f"wrote {script}: python {script}")
+    except OSError as e:  # UnsafeFile (a link, FIFO or device at -o) or the disk's reason
+        print(f"chain: error: {printable(_write_error(args.output, e))}", file=sys.stderr)
+        return 2
+    print(f"wrote {printable(str(script))}: python {printable(str(script))}")
     return 0
 
 
-def _size(text: str) -> tuple[str, int]:
-    name, _, value = text.partition("=")
-    if not value.isdigit():
-        raise ReportError(f"--size {text!r}: expected NAME=INTEGER, e.g. s0=8")
-    return name, int(value)
+def _trusted(path: str, trust: bool) -> None:
+    """A repro runs the graph code recorded in the report: one you did not make needs
+    --trust (chain.look.repro.made_by_you says what "made" means)."""
+    from chain.look.repro import ReproError, made_by_you
+
+    why = None if trust else made_by_you(path)
+    if why is not None:
+        raise ReproError(
+            f"{path}: {why}: its repro would run the code it records; read it, then pass --trust"
+        )
 
 
 def _bench(argv: Sequence[str]) -> int:
@@ -111,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--size", action="append", default=[], metavar="NAME=N", help="a symbolic size's value"
     )
+    rep.add_argument("--trust", action="store_true", help="write it for a report you did not make")
     sub.add_parser("bench", help="run the benchmark (chain bench --help)")
     sub.add_parser("demo", help="compile a small model through the default chain")
     sub.add_parser("store", help="remembered decisions: list, show KEY, clear (chain store -h)")
