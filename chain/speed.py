@@ -177,7 +177,7 @@ class SpeedRules:
         """A timed winner's case against eager, in words; None when it was not timed."""
         if attempt.verdict is None or attempt.speedup_lo is None:
             return None
-        figures = f"{_as_timing(attempt).describe()}, {_rounds(attempt)}"
+        figures = _as_timing(attempt).describe() + _rounds(attempt)
         if attempt.verdict == REFERENCE:
             return "eager itself, the reference: 1.00x by construction"
         if attempt.verdict == FASTER:
@@ -308,8 +308,9 @@ def _as_timing(attempt: Attempt) -> Timing:
 
 
 def _rounds(attempt: Attempt) -> str:
+    """`, in 24 rounds` (empty when the run's evidence is not on the attempt)."""
     evidence = attempt.evidence
-    return f"{evidence.rounds} rounds" if evidence is not None else "untimed"
+    return f", in {evidence.rounds} rounds" if evidence is not None else ""
 
 
 def _weights_after_timing(attempts: list[Attempt], fns: Fns, reference: Reference) -> list[Attempt]:

@@ -26,13 +26,15 @@ from chain.buckets.remembered import Remembered, entry
 from chain.buckets.shapes import Key, ShapeKey, specialize
 from chain.buckets.stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
 from chain.records import Attempt, Status
-from chain.speed import EAGER_BIAS, SpeedRules
+from chain.speed import SpeedRules
+from chain.timing import FASTER, Timing, compare
 from chain.watch import Watch
 
 log = logging.getLogger("chain")
 
 Fn = Callable[..., Any]
 MAX_SEEN = 1024  # shapes counted at once; past it the counts restart (a flood of cold shapes)
+QUIET_S = 120.0  # a bucket's timing waits this long for other compiles to end (seen: 35-50 s)
 
 
 class General(Protocol):
@@ -164,7 +166,9 @@ class Buckets:
                     f"its artefact, {bucket.mb:.1f} MiB, exceeds max_bucket_mb {bound:g}"
                 )
                 fn = None
-            if fresh and (stored := entry(bucket, key, self.key)) is not None:
+            if fresh and (why := self._not_decided(bucket)) is not None:
+                bucket.reason = "; ".join(filter(None, (bucket.reason, why)))
+            elif fresh and (stored := entry(bucket, key, self.key)) is not None:
                 self.kept[key] = stored  # decided here: kept with the graph's decision
                 self._keep()
             if fn is None:
@@ -183,6 +187,14 @@ class Buckets:
             return
         finally:
             self.building.release()
+
+    def _not_decided(self, bucket: Bucket) -> str | None:
+        """Why a bucket decided here is not remembered: under the eager floor, its timing
+        was noisy (a later process would serve a figure that may not hold)."""
+        noisy = bucket.noisy
+        if not self.selection.speed.eager_floor or not noisy:
+            return None
+        return f"not remembered: noisy timing ({'; '.join(noisy)})"
 
     def _mb(self) -> float:
         """The measured memory of the serving buckets (MiB; unmeasured ones count 0)."""
@@ -235,6 +247,21 @@ class Buckets:
             return None, None
         return bucket, fn
 
+    @staticmethod
+    def _why_not(
+        best: Attempt | None, base: Timing, timings: dict[str, Timing], speed: SpeedRules
+    ) -> str | None:
+        """Why the fastest fixed-shape candidate does not serve the shape: not measurably
+        faster than the general path (by 1%, paired by round, 99% confidence; an undecided
+        one keeps the general path), or below the eager floor."""
+        if best is None:
+            return "no fixed-shape candidate passed"
+        if compare(base.rounds_s, timings[best.backend].rounds_s).verdict != FASTER:
+            return "no fixed-shape candidate beat the general path by 1%"
+        if (floor := speed.below_floor(best.backend, timings)) is not None:
+            return f"{best.backend}: {floor}"
+        return None
+
     def _select(self, args: Sequence[Any], general: General) -> tuple[Bucket, Fn | None]:
         """Compile, verify and time the fixed-shape candidates for this call's sizes against
         the general path; the fastest serves the shape if it beats it by 1%."""
@@ -263,7 +290,9 @@ class Buckets:
         path = f"{GENERAL}{winner}"
         fns[path] = general.fn
         attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
-        attempts, timings = sel.speed.time(attempts, fns, self.gm, reference)
+        # timed in the chain's harness once no other compile runs (QUIET_S at most)
+        speed = dataclasses.replace(sel.speed, quiet_s=QUIET_S)
+        attempts, timings = speed.time(attempts, fns, self.gm, reference)
         if path not in fns:
             bucket.attempts = attempts
             bucket.reason = "the general path failed while timed on this shape"
@@ -272,12 +301,8 @@ class Buckets:
         bucket.general_ms = base.median_ms
         passing = [a for a in attempts if a.backend in fns and a.backend != path]
         best = min(passing, key=lambda a: a.latency_ms or float("inf"), default=None)
-        bar = EAGER_BIAS * base.median_ms
-        won = (
-            best is not None
-            and (best.latency_ms or float("inf")) <= bar
-            and sel.speed.below_floor(best.backend, timings) is None
-        )
+        why_not = self._why_not(best, base, timings, speed)
+        won = best is not None and why_not is None
         keep = {path} | ({best.backend} if won and best is not None else set())
         out = [
             a
@@ -285,16 +310,23 @@ class Buckets:
             else dataclasses.replace(
                 a,
                 status=Status.SLOWER,
-                reason=f"{a.latency_ms:.3f} ms vs the general path's {base.median_ms:.3f} ms",
+                reason=f"{a.latency_ms:.3f} ms vs the general path's {base.median_ms:.3f} ms"
+                + (f": {_against(base, timings[a.backend])}" if a.backend in timings else ""),
             )
             for a in attempts
         ]
         bucket.attempts = out
         if not won or best is None:
-            bucket.reason = "no fixed-shape candidate beat the general path by 1%"
+            bucket.reason = why_not or "no fixed-shape candidate passed"
             return bucket, None
         bucket.state, bucket.winner = SERVING, best.backend
         bucket.latency_ms = best.latency_ms
         bucket.mb = sizes.get(best.backend)
         bucket.speedup = base.median_ms / best.latency_ms if best.latency_ms else None
         return bucket, fns[best.backend]
+
+
+def _against(base: Timing, timing: Timing) -> str:
+    """A candidate against the general path, paired by round: `slower, 0.21x (99% CI ...)`."""
+    against = compare(base.rounds_s, timing.rounds_s)
+    return f"{against.verdict}, {against.interval()}"

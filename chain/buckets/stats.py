@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chain.records import Attempt, Status
+from chain.records import Attempt, Status, merged_evidence
 
 # an entry's state: serving its shape, lost to the general path, evicted, or demoted
 SERVING, LOST, EVICTED, DEMOTED = "serving", "lost", "evicted", "demoted"
@@ -48,6 +48,12 @@ class Bucket:
                 kw[k] = data[k]
         kw["attempts"] = [Attempt.from_dict(a) for a in data.get("attempts", [])]
         return cls(**kw)
+
+    @property
+    def noisy(self) -> tuple[str, ...]:
+        """Why the timing behind this bucket's decision may not hold (empty: it holds)."""
+        evidence = merged_evidence(self.attempts)
+        return evidence.noisy if evidence is not None else ()
 
     def __str__(self) -> str:
         who = self.winner or f"general path ({self.general})"
