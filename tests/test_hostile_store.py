@@ -157,6 +157,20 @@ def test_a_digest_or_signature_that_is_not_ascii_is_a_bad_entry(
         decode(json.dumps({**entry, "signature": "\u00e9" * 64}).encode(), KEY)
 
 
+def test_an_entry_nested_too_deep_for_the_report_writers_is_refused(tmp_path: Path) -> None:
+    """Parseable, digested, 500 levels deep in an attempt's details: the report's writers
+    recurse through it inside dynamo's frames; refused before it gets there."""
+    _run(chain("eager", store=tmp_path, memory=True))
+    [path] = tmp_path.glob("*.json")
+    deep: Any = 1
+    for _ in range(500):
+        deep = {"d": deep}
+    _rewrite(path, _set("decision", "attempts", 0, "details", value=deep))
+    with pytest.warns(MemoryWarning, match="nested deeper than 64 levels"):
+        record = _run(chain("eager", store=tmp_path, memory=True))
+    assert not _remembered(record) and record.winner == "eager"
+
+
 # -- artefacts: no external data ----------------------------------------------------------
 
 
@@ -415,6 +429,19 @@ def test_a_server_answering_garbage_is_a_warning_and_a_cold_start(garbage_server
     assert record.winner == "eager" and not _remembered(record)
     assert any("store unusable" in n for n in record.notes), record.notes
     assert len([w for w in caught if issubclass(w.category, MemoryWarning)]) == 1  # once
+
+
+def test_an_oversized_redis_value_is_not_read(
+    redis_url: str, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its size is asked first (STRLEN): a value over the bound is never fetched."""
+    _run(chain("eager", store=redis_url, memory=True))
+    [name] = redis_client.keys(RedisStore.PREFIX + "*")
+    size = redis_client.strlen(name)
+    monkeypatch.setattr(RedisStore, "max_bytes", size - 1)
+    with pytest.warns(MemoryWarning, match=f"holds {size} bytes, over the {size - 1}"):
+        record = _run(chain("eager", store=redis_url, memory=True))
+    assert not _remembered(record) and record.winner == "eager"
 
 
 # -- the CLI: printable text, foreign keys skipped --------------------------------------

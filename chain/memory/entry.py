@@ -4,6 +4,10 @@ An entry is `{"format", "key", "parts", "decision", "digest", "signature"}`. The
 (SHA-256 of the rest) catches a corrupt or truncated entry; the signature (HMAC-SHA256
 under the key in CHAIN_MEMORY_KEY) catches a forged one. With a signing key set, an entry
 without a valid signature is refused: a shared store is trusted only as far as its key.
+Then every field is checked against the schema (`Decision.from_dict`: types, finite
+non-negative times, `parts` an object, nesting at most MAX_DEPTH): an entry that fails any
+check is BadEntry, which the chain turns into a warning, a note and a cold start. A blank
+CHAIN_MEMORY_KEY is refused, never read as "unsigned".
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from chain.records import Attempt, Status
 
 FORMAT = 1
 SIGNING_KEY_ENV = "CHAIN_MEMORY_KEY"
+MAX_DEPTH = 64  # the chain's own entries nest about 8 deep (decision, attempts, details)
 
 
 class BadEntry(ValueError):
@@ -193,7 +198,10 @@ def decode(data: bytes, key: str | None = None) -> tuple[Decision, dict[str, Any
     shared store is data from strangers until then.
     `key`: the key the entry was looked up under (an entry filed under another is refused).
     """
-    body, _ = _checked_body(load_json(data))
+    entry = load_json(data)
+    if jf.deeper_than(entry, MAX_DEPTH):  # reports nest it further: their writers recurse
+        raise BadEntry(f"nested deeper than {MAX_DEPTH} levels")
+    body, _ = _checked_body(entry)
     if not isinstance(body["key"], str) or (key is not None and body["key"] != key):
         raise BadEntry(f"filed under {key} but made for {jf.short(body['key'])}")
     if not isinstance(body["parts"], dict):

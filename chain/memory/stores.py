@@ -124,6 +124,9 @@ class RedisStore:
     artefacts under `backend-chain:artefact:<key>`."""
 
     PREFIX = "backend-chain:decision:"
+    ENTRY_MAX_BYTES = 64 << 20  # as LocalStore: an entry is kilobytes
+    ARTEFACT_MAX_BYTES = 512 << 20  # Redis's own cap on a string (proto-max-bulk-len)
+    max_bytes = ENTRY_MAX_BYTES  # the largest value read back
     # the URL options the store takes: {name: (kind, low, high)}; bounds are inclusive
     URL_OPTIONS: ClassVar[Mapping[str, tuple[type, float, float]]] = {
         "db": (int, 0, 2**31 - 1),
@@ -238,11 +241,18 @@ class RedisStore:
 
     def get(self, key: str) -> bytes | None:
         name = self.PREFIX + check_key(key)
-        data = self._call(lambda: self._client.get(name))
+        size = self._call(lambda: self._client.strlen(name))  # bounded: asked before reading
+        data = None if size == 0 else self._call(lambda: self._client.get(name))
         if data is not None and not isinstance(data, bytes):
             raise StoreUnavailable(
                 f"redis at {self.location}: answered a {type(data).__name__} for {name}, not bytes"
             )
+        for length in (size, len(data or b"")):
+            if type(length) is not int or length > self.max_bytes:
+                raise StoreUnavailable(
+                    f"redis at {self.location}: {name} holds {length} bytes, over the "
+                    f"{self.max_bytes} it reads back"
+                )
         return data
 
     def put(self, key: str, data: bytes) -> None:
@@ -263,7 +273,9 @@ class RedisStore:
     def artefacts(self) -> RedisStore:
         """The artefacts, in the same database under `backend-chain:artefact:`."""
         other = RedisStore.__new__(RedisStore)
-        other.__dict__.update(self.__dict__, PREFIX="backend-chain:artefact:")
+        other.__dict__.update(
+            self.__dict__, PREFIX="backend-chain:artefact:", max_bytes=self.ARTEFACT_MAX_BYTES
+        )
         return other
 
 
