@@ -227,7 +227,8 @@ class GraphRecord:
     recompiles: int | None = None  # the earlier graph of the same frame this one replaces
     recompile_reason: str | None = None  # dynamo's failed guard, when it says
     # the graph module as Python source (a `Repro` nn.Module, as dynamo's minifier writes
-    # it) and where each backend that is a plain callable imports from ("module:name"):
+    # it) and where each backend that is a plain callable imports from ("module:name"; for
+    # a function of the user's script, "/abs/path/script.py:name": chain.resolve):
     # what `python -m chain repro` needs to rerun one backend on this graph elsewhere
     code: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
