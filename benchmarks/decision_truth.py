@@ -246,6 +246,9 @@ def main() -> None:
             f"| {r['model']} | {r['chain']} | {r['condition']} | {r['winners']} | {reported} | "
             f"{r['quiet']:.2f}x | {r['worst']:.2f}x | {flag} | {goal} |"
         )
+    loud = sorted({why for rows_ in timed.values() for row in rows_ for why in row["noisy"]})
+    if loud:
+        print(f"\nthe truth run itself was noisy (its figures may not hold): {'; '.join(loud)}")
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "truth": timed}, indent=2))
 
