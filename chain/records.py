@@ -86,6 +86,8 @@ class TimingEvidence:
     eager_spread: float | None = None  # eager's own rounds: interquartile range / median
     load: float | None = None  # the 1-minute load average per CPU, the highest seen
     cpus: int | None = None
+    # other threads runnable machine-wide while timed, per CPU (median over rounds; Linux)
+    busy: float | None = None
     retimed: int = 0  # re-timings of an implausible figure
     noisy: tuple[str, ...] = ()
 
@@ -104,6 +106,7 @@ class TimingEvidence:
             eager_spread=number(data.get("eager_spread"), f"{what}: eager_spread"),
             load=number(data.get("load"), f"{what}: load"),
             cpus=jf.optional_integer(data.get("cpus"), f"{what}: cpus"),
+            busy=number(data.get("busy"), f"{what}: busy"),
             retimed=jf.integer(data.get("retimed", 0), f"{what}: retimed"),
             noisy=jf.texts(data.get("noisy", []), f"{what}: noisy"),
         )
@@ -112,12 +115,14 @@ class TimingEvidence:
         """Two runs of one graph as one: rounds and seconds added, the worst of the rest."""
         worst = [x for x in (self.eager_spread, other.eager_spread) if x is not None]
         loads = [x for x in (self.load, other.load) if x is not None]
+        busy = [x for x in (self.busy, other.busy) if x is not None]
         return TimingEvidence(
             rounds=self.rounds + other.rounds,
             seconds=self.seconds + other.seconds,
             eager_spread=max(worst) if worst else None,
             load=max(loads) if loads else None,
             cpus=self.cpus or other.cpus,
+            busy=max(busy) if busy else None,
             retimed=self.retimed + other.retimed,
             noisy=tuple(dict.fromkeys((*self.noisy, *other.noisy))),
         )
@@ -128,6 +133,8 @@ class TimingEvidence:
             parts.append(f"eager's spread {self.eager_spread:.0%}")
         if self.load is not None:
             parts.append(f"load {self.load:.2f} per CPU")
+        if self.busy is not None:
+            parts.append(f"{self.busy:.2f} other runnable per CPU")
         if self.retimed:
             parts.append(f"re-timed {self.retimed}x")
         text = ", ".join(parts)

@@ -14,8 +14,9 @@ the speedup over 1.01: the 2022 TorchDynamo autotuner's margin), `slower` (below
 0.99), `tie` (the interval within 3% of 1), else `undecided`. Rounds go on until every
 candidate is decided or the budget is spent; the caller treats undecided as a loss to the
 baseline (the eager floor). Each run carries its evidence (rounds, eager's own spread, the
-machine's load, compiles running in the process) and says when its figures are noisy; an
-implausible figure (over 50x on CPU, an interval wider than 10x) is timed once more first.
+threads runnable machine-wide while timed, else the load average, compiles running in the
+process) and says when its figures are noisy; an implausible figure (over 50x on CPU, an
+interval wider than 10x) is timed once more first.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ TIE = 0.01  # a win or a loss must be by over 1%: ratios within 1% of 1 never de
 TIE_BAND = 0.03  # an interval within 3% of 1 is a decided tie (no loss, no win)
 MIN_ROUNDS = 12  # below ~12 rounds the 99% interval of a median is the whole range
 EAGER_SPREAD = 0.25  # eager's own rounds spread over 25% of their median: noisy
-LOAD_LIMIT = 1.25  # more runnable threads per CPU than this (1-minute load average): noisy
+BUSY_LIMIT = 1.0  # other threads runnable while timed, per CPU: at this, no core is ours
+LOAD_LIMIT = 1.25  # without that count (not Linux): the 1-minute load average per CPU
 WIDE = 10.0  # a speedup interval wider than this (hi / lo): noisy, and re-timed first
 IMPLAUSIBLE = {"cpu": 50.0, "cuda": 500.0}  # speedups re-timed before they are believed
 
@@ -298,21 +300,24 @@ def _measured(
     loads = [_load()]
     compiles = compiles_running(mine)
     start = time.perf_counter()
+    runnable: list[int] = []  # threads runnable machine-wide, once a round
     with torch.no_grad():
         calls = _calibrated(fns, inputs, baseline, plan, watch)
-        samples = _rounds(fns, inputs, baseline, plan, calls, watch)
+        samples = _rounds(fns, inputs, baseline, plan, calls, watch, runnable)
         timings = timings_of(samples, baseline, plan.z)
         device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
         retimed = 0
         if implausible(timings, device):
             retimed = 1
             again = dataclasses.replace(plan, seed=plan.seed + 1)
-            samples = _rounds(fns, inputs, baseline, again, calls, watch)
+            runnable.clear()
+            samples = _rounds(fns, inputs, baseline, again, calls, watch, runnable)
             timings = timings_of(samples, baseline, plan.z)
     seconds = time.perf_counter() - start
     loads.append(_load())
     compiles += compiles_running(mine)
-    evidence = _evidence(samples[baseline], timings, device, loads, compiles, retimed, seconds)
+    machine = Machine(loads, runnable, compiles)
+    evidence = _evidence(samples[baseline], timings, device, machine, retimed, seconds)
     return {name: dataclasses.replace(t, evidence=evidence) for name, t in timings.items()}
 
 
@@ -345,8 +350,10 @@ def _rounds(
     plan: Plan,
     calls: Mapping[str, int],
     watch: Progress | None,
+    runnable: list[int],
 ) -> dict[str, list[float]]:
-    """Rounds in a fresh random order until every fn is decided or the budget is spent."""
+    """Rounds in a fresh random order until every fn is decided or the budget is spent;
+    the threads runnable machine-wide after each round go on `runnable` (where known)."""
     sync = _sync_for(inputs)
     order = list(fns)
     rng = random.Random(plan.seed)
@@ -363,6 +370,8 @@ def _rounds(
                 _call(name, fn, inputs, watch, baseline)
             sync()
             samples[name].append((time.perf_counter() - start) / calls[name])
+        if (now := running_threads()) is not None:
+            runnable.append(now)
         if rounds >= plan.min_rounds and (
             time.perf_counter() > deadline or decided(samples, baseline, plan.z)
         ):
@@ -394,6 +403,27 @@ def implausible(timings: Mapping[str, Timing], device: str) -> list[str]:
     return out
 
 
+def running_threads() -> int | None:
+    """Threads runnable now, machine-wide, this one included (Linux: /proc/loadavg's
+    fourth field); None elsewhere. Unlike the 1-minute load average it does not lag: a
+    compile that ended seconds ago is not counted."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):  # not Linux, or not its format
+        return None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the machine did around a timing run: load averages at its start and end, the
+    threads runnable after each round, the compiles running in this process."""
+
+    loads: Sequence[float | None]
+    runnable: Sequence[int]
+    compiles: Sequence[str]
+
+
 def _load() -> float | None:
     """The 1-minute load average (None where the platform has none)."""
     try:
@@ -406,23 +436,28 @@ def _evidence(
     eager: Sequence[float],
     timings: Mapping[str, Timing],
     device: str,
-    loads: Sequence[float | None],
-    compiles: Sequence[str],
+    machine: Machine,
     retimed: int,
     seconds: float,
 ) -> TimingEvidence:
-    """What the run saw, and why its figures may not hold (`noisy`)."""
+    """What the run saw, and why its figures may not hold (`noisy`): eager's own rounds
+    spread, other threads wanting the cores (runnable while timed; where that count is
+    unknown, the load average), compiles beside it, an implausible figure."""
     cpus = os.cpu_count() or 1
     spread = _spread(eager)
-    seen = [x for x in loads if x is not None]
+    seen = [x for x in machine.loads if x is not None]
     load = max(seen) / cpus if seen else None
+    others = statistics.median(machine.runnable) - 1 if machine.runnable else None
+    busy = None if others is None else max(others, 0.0) / cpus
     noisy = []
     if spread > EAGER_SPREAD:
         noisy.append(f"eager's own rounds spread {spread:.0%} of their median")
-    if load is not None and load > LOAD_LIMIT:
+    if busy is not None and busy >= BUSY_LIMIT:
+        noisy.append(f"{others:g} other threads runnable on {cpus} CPUs while timed")
+    elif busy is None and load is not None and load > LOAD_LIMIT:
         noisy.append(f"machine load {max(seen):.1f} on {cpus} CPUs")
-    if compiles:
-        noisy.append(f"compiling meanwhile: {', '.join(sorted(set(compiles)))}")
+    if machine.compiles:
+        noisy.append(f"compiling meanwhile: {', '.join(sorted(set(machine.compiles)))}")
     noisy += implausible(timings, device)
     return TimingEvidence(
         rounds=len(eager),
@@ -430,6 +465,7 @@ def _evidence(
         eager_spread=round(spread, 6),
         load=None if load is None else round(load, 4),
         cpus=cpus,
+        busy=None if busy is None else round(busy, 4),
         retimed=retimed,
         noisy=tuple(noisy),
     )

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import chain.speed as speed
+import chain.timing as timing
 from chain import GraphRecord, Status, chain
 from chain.look import html
 from chain.records import Attempt, TimingEvidence
@@ -245,9 +246,9 @@ def test_a_noisy_record_is_not_stored() -> None:
 def test_a_noisy_selection_is_not_remembered_end_to_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A load average of 64 per CPU: the selection (slow backend against eager) runs, its
-    record says noisy, and the store stays empty."""
-    monkeypatch.setattr("os.getloadavg", lambda: (128.0, 128.0, 128.0))
+    """Nine threads runnable on 2 CPUs while timed: the selection (slow backend against
+    eager) runs, its record says noisy, and the store stays empty."""
+    monkeypatch.setattr(timing, "running_threads", lambda: 9)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     model, args = build("mlp")
     backend = chain(
@@ -257,11 +258,26 @@ def test_a_noisy_selection_is_not_remembered_end_to_end(
     compile_and_check(model, args, backend)
     [graph] = backend.report.graphs
     assert graph.noisy and graph.timing is not None
-    assert "machine load 128.0 on 2 CPUs" in graph.timing.noisy
+    busy = "8 other threads runnable on 2 CPUs while timed"
+    assert busy in graph.timing.noisy and graph.timing.busy == 4.0
     assert any(n.startswith("memory: not remembered: the timing was noisy") for n in graph.notes)
     assert not list(tmp_path.glob("*.json"))
-    assert "noisy: machine load 128.0 on 2 CPUs" in backend.report.render(width=200)
+    assert f"noisy: {busy}" in backend.report.render(width=300)
     assert "1 noisy graph(s)" in backend.report.to_markdown()
+
+
+@pytest.mark.parametrize(("load", "noisy"), [(128.0, True), (1.0, False)])
+def test_without_a_runnable_count_the_load_average_decides(
+    monkeypatch: pytest.MonkeyPatch, load: float, noisy: bool
+) -> None:
+    """Where the threads runnable cannot be read (not Linux): the 1-minute load average."""
+    monkeypatch.setattr(timing, "running_threads", lambda: None)
+    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    timings = measure({"eager": lambda: None}, [], baseline="eager", budget_s=0.01)
+    evidence = timings["eager"].evidence
+    assert evidence is not None and evidence.busy is None and evidence.load == load / 2
+    assert (f"machine load {load:.1f} on 2 CPUs" in evidence.noisy) is noisy
 
 
 def test_an_implausible_figure_is_retimed_and_flagged() -> None:
