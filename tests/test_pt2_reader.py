@@ -387,3 +387,39 @@ def test_a_fifo_or_a_folder_is_refused_without_blocking(tmp_path: Path) -> None:
         chain.load(tmp_path / "fifo.pt2")
     with pytest.raises(PayloadError, match="not a regular file"):
         chain.load(tmp_path)
+
+
+class Halves(torch.nn.Module):
+    """A graph with symbolic sizes: its model JSON holds sympy expressions."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[: x.shape[0] // 2] * 2
+
+
+def test_size_expression_that_runs_code_is_refused(tmp_path: Path) -> None:
+    """Torch reads each size expression with sympy.sympify, which evals it."""
+    dim = {"x": {0: torch.export.Dim.AUTO}}
+    program = torch.export.export(Halves(), (torch.randn(6, 3),), dynamic_shapes=dim)
+    torch.export.save(program, tmp_path / "dynamic.pt2")
+    x = torch.randn(8, 3)
+    assert _outcome(tmp_path / "dynamic.pt2", x, x[:4] * 2) == "loaded"
+    marker = tmp_path / "evaluated"
+    evil = f"__import__('pathlib').Path('{marker}').touch() or Symbol('s0', integer=True)"
+
+    def edit(model: dict[str, Any]) -> dict[str, Any]:
+        values = model["graph_module"]["graph"]["tensor_values"]
+        sized = next(v for v in values.values() if "as_expr" in v["sizes"][0])
+        sized["sizes"][0]["as_expr"]["expr_str"] = evil
+        return model
+
+    crafted = _write(
+        _edit_json(_entries(tmp_path / "dynamic.pt2"), "/models/model.json", edit),
+        tmp_path / "crafted.pt2",
+    )
+    with pytest.raises(PayloadError, match="a size expression that is not sympy arithmetic"):
+        chain.load(crafted)
+    assert not marker.exists()
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch raises after the eval
+        torch.export.load(crafted)
+        raise RuntimeError("torch.export.load read the crafted archive")
+    assert marker.exists()  # the proof: torch's own loader ran it

@@ -89,6 +89,26 @@ _GUARD_NODES = (
 )  # fmt: skip
 _GUARD_NAMES = {"L", "math", "Max", "Min", "Mod", "PythonMod", "FloorDiv", "CleanDiv", "Abs"}
 _GUARD_ATTRS = {"size", "stride", "storage_offset", "dim", "numel", *_MATH}
+# sizes are sympy expressions that torch reads with sympy.sympify (eval): srepr-style calls
+# of sympy classes over symbols and numbers; a string only as a Symbol's or Float's name
+_SYM_FUNCTIONS = {
+    "Symbol", "Integer", "Float", "Rational", "Add", "Mul", "Pow", "Mod", "Max", "Min",
+    "Abs", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Equality", "Unequality", "StrictLessThan",
+    "LessThan", "StrictGreaterThan", "GreaterThan", "And", "Or", "Not", "Piecewise",
+    "ExprCondPair", "floor", "ceiling", "sqrt", "FloorDiv", "ModularIndexing", "Where",
+    "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "LShift", "RShift",
+    "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv", "TruncToFloat", "TruncToInt",
+    "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "IsNonOverlappingAndDenseIndicator",
+}  # fmt: skip
+_SYM_CONSTANTS = {"oo", "zoo", "nan", "true", "false", "pi", "E"}
+_SYM_NAME = re.compile(r"[a-z]{1,4}[0-9]{1,9}")  # s0, u3, zf1: torch's symbols
+_SYM_STRING = re.compile(r"[A-Za-z0-9_.+\-]{1,64}")
+_SYM_NODES = (
+    ast.Expression, ast.Call, ast.keyword, ast.Name, ast.Constant, ast.Load, ast.BinOp,
+    ast.UnaryOp, ast.Compare, ast.BoolOp, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
+    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq, ast.NotEq,
+    ast.Lt, ast.LtE, ast.Gt, ast.GtE,
+)  # fmt: skip
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -316,9 +336,8 @@ def _check_model(name: str, model: Any) -> dict[str, tuple[str, Any]]:
     for guard in guards:
         _check_guard(name, guard)
     try:
-        graph_module = model["graph_module"]
-        _check_graph(name, graph_module)
-        return _lifted(name, graph_module)
+        _check_graph(name, model)
+        return _lifted(name, model["graph_module"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise _refuse(name, f"models/model.json is malformed ({type(error).__name__})") from None
 
@@ -351,13 +370,61 @@ def _guard_node_ok(node: ast.AST) -> bool:
     return True
 
 
+def _check_sym_expr(name: str, text: Any) -> None:
+    """One size expression (torch hands it to sympy.sympify, which evals it): calls of
+    sympy classes over symbols and numbers only (see _SYM_FUNCTIONS)."""
+    if not isinstance(text, str) or len(text) > 4000:
+        raise _refuse(name, f"a size expression that is not one ({str(text)[:80]!r})")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        raise _refuse(name, f"a size expression that does not parse ({text[:80]!r})") from None
+    named = {  # the one place a string may stand: the name of a Symbol or a Float
+        id(node.args[0])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Symbol", "Float")
+        and node.args
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, _SYM_NODES) or not _sym_node_ok(node, named):
+            raise _refuse(name, f"a size expression that is not sympy arithmetic ({text[:80]!r})")
+
+
+def _sym_node_ok(node: ast.AST, named: set[int]) -> bool:
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id in _SYM_FUNCTIONS
+    if isinstance(node, ast.Name):
+        return (
+            node.id in _SYM_FUNCTIONS
+            or node.id in _SYM_CONSTANTS
+            or bool(_SYM_NAME.fullmatch(node.id))
+        )
+    if isinstance(node, ast.keyword):
+        value = node.value
+        return (
+            bool(node.arg)
+            and not str(node.arg).startswith("_")
+            and (isinstance(value, ast.Constant) and type(value.value) in (bool, int))
+        )
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):
+            return id(node) in named and _SYM_STRING.fullmatch(node.value) is not None
+        return type(node.value) in (int, float, bool)
+    return True
+
+
 def _check_graph(name: str, data: Any) -> None:
-    """Every call target anywhere in the graph (nested graphs included) is allowed, and
-    nothing names a custom object (torch unpickles those)."""
+    """Every call target anywhere in the model (nested graphs included) is allowed, every
+    size expression is sympy arithmetic, and nothing names a custom object (torch
+    unpickles those)."""
     if isinstance(data, dict):
         for key, value in data.items():
             if key in _OBJECT_ARGS or (key == "custom_obj_values" and value):
                 raise _refuse(name, "a custom object in the graph")
+            if key == "expr_str":
+                _check_sym_expr(name, value)
             if key == "nodes" and isinstance(value, list):
                 for node in value:
                     _check_target(name, node["target"])
