@@ -127,6 +127,7 @@ TARGETS = (
     "torch.serialization.os.system", "builtins.eval", "torch.load", "torch._C._pickle_load_obj",
     "_operator.attrgetter", "math.__dict__", "#custom:op", "torch.ops.higher_order.print",
     "torch.ops.foo.bar.default", "torch.ops.aten.add.Tensor.__call__", 7, None,
+    "torch.ops.aten.from_file.default", "torch.ops.aten.save.default",
 )  # fmt: skip
 GUARDS = (
     "__import__('os').system('true')", "L['x'].size()[0] == 2 # x", "L['x'].__class__",

@@ -68,6 +68,7 @@ _MODEL_KEYS = {
 _INPUT_KINDS = {"user_input", "parameter", "buffer", "tensor_constant", "constant_input"}
 _OBJECT_ARGS = {"as_custom_obj", "as_custom_objs", "custom_obj"}  # torch unpickles these
 _OPS = re.compile(r"torch\.ops\.(aten|prims|backend_chain)\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+")
+_FILE_OPS = {"from_file", "save"}  # aten ops that read or write (or mmap) a named file
 _HIGHER_ORDER = {"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond", "while_loop"}
 _OPERATORS = {
     "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
@@ -450,11 +451,10 @@ def _target_ok(target: str) -> bool:
     if module == "math":
         return rest in _MATH
     if _OPS.fullmatch(target):
-        return True
-    namespace, _, op = rest.removeprefix("ops.").partition(".")
-    if module == "torch" and rest.startswith("ops.higher_order."):
-        return op in _HIGHER_ORDER
-    return module == "torch" and rest in _TORCH_FUNCTIONS and not namespace.startswith("ops")
+        return target.split(".")[3] not in _FILE_OPS
+    if target.startswith("torch.ops.higher_order."):
+        return target.removeprefix("torch.ops.higher_order.") in _HIGHER_ORDER
+    return module == "torch" and rest in _TORCH_FUNCTIONS
 
 
 def _check_sample_inputs(name: str, raw: bytes) -> None:
