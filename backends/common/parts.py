@@ -46,6 +46,9 @@ class Part:
     ops: int = 0
     example_inputs: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     expected: tuple[torch.Tensor, ...] = field(default=(), compare=False, repr=False)
+    # the PyTorch graph the part replaces, on `example_inputs`: the chain judges the part
+    # against it by selection's rule (float64 and eager's own error); None: by tolerances
+    graph: Any = field(default=None, compare=False, repr=False)
 
     @property
     def payload(self) -> bytes:

@@ -94,6 +94,7 @@ def whole_model(request: ExportRequest) -> ExportedParts | None:
         ops=sum(1 for n in gm.graph.nodes if n.op == "call_function"),
         example_inputs=flat,
         expected=tuple(outputs),
+        graph=gm,
     )
     note = "export: the whole graph as one ONNX Runtime model"
     return ExportedParts(as_single_call(gm), {WHOLE: part}, note)

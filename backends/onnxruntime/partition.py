@@ -114,4 +114,5 @@ def export_part(
         ops=sum(op_counts(block).values()),
         example_inputs=args,
         expected=tuple(outputs),
+        graph=block,
     )

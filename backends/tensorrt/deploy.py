@@ -80,7 +80,7 @@ def export_parts(request: ExportRequest) -> ExportedParts | None:
             input_positions=tuple(range(len(args))),
             returns_tuple=module.returns_tuple,
             example_inputs=args,
-            expected=tuple(outputs),
+            expected=tuple(outputs),  # the engine's own: its PyTorch block is not kept
         )
     return ExportedParts(gm, parts, f"export: {len(parts)} TensorRT engine(s)")
 
