@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Iterable
 
 from torch import fx
@@ -41,6 +43,20 @@ def sources(backends: Iterable[Backend]) -> dict[str, str]:
         qualname = getattr(target, "__qualname__", "")
         if module is None or module.split(".")[0] in BUILT_IN:
             continue
-        if qualname and "<" not in qualname and module != "__main__":
-            found[backend.name] = f"{module}:{qualname}"
+        if not qualname or "<" in qualname:
+            continue
+        if module == "__main__":  # the user's script: recorded by its file, for a repro
+            module = _script_file()
+            if module is None:
+                continue
+        found[backend.name] = f"{module}:{qualname}"
     return found
+
+
+def _script_file() -> str | None:
+    """The absolute path of the script run as `python script.py` (None: an interactive
+    session, `-c`, a notebook: nothing a fresh process can load)."""
+    file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py"):
+        return None
+    return os.path.abspath(file)
