@@ -34,7 +34,8 @@ BUILT_IN = ("backends", "torch", "chain")  # a fresh process has these by name
 def sources(backends: Iterable[Backend]) -> dict[str, str]:
     """`module:qualified.name` of each backend that a fresh process knows only once the
     user's module is imported (a plain callable, or one registered there), when that can
-    be imported (not a lambda, a local function or `__main__`)."""
+    be imported (not a lambda nor a local function); a script's function as
+    `/abs/path/script.py:name`."""
     found = {}
     for backend in backends:
         compiler = backend.compiler
