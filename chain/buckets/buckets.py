@@ -167,7 +167,7 @@ class Buckets:
                 )
                 fn = None
             if fresh and (why := self._not_decided(bucket)) is not None:
-                bucket.reason = "; ".join(filter(None, (bucket.reason, why)))
+                log.info("bucket %s: %s", bucket.shape, why)  # its attempts show the noise
             elif fresh and (stored := entry(bucket, key, self.key)) is not None:
                 self.kept[key] = stored  # decided here: kept with the graph's decision
                 self._keep()
