@@ -186,3 +186,17 @@ def test_after_weights_damaged_no_thread_gets_an_answer_from_them() -> None:
     # one per thread); every later call raises
     assert len(wrong) <= 8, f"{len(wrong)} wrong answers"
     assert len(raised) >= 8 * 25 - 16
+
+
+def test_a_model_built_under_inference_mode_runs_and_says_why_onnxruntime_declined() -> None:
+    """Its weights are inference tensors: no version counter to read (the chain's checks
+    read none), and ONNX Runtime, which freezes weights, declines with the reason."""
+    with torch.inference_mode():
+        model, (x,) = build("mlp")
+        backend = chain("onnxruntime", "eager", eager_floor=False)
+        compiled = torch.compile(model, backend=backend)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+    first, last = backend.report.graphs[0].attempts
+    assert first.status is Status.UNSUPPORTED and "inference tensors" in first.reason, first
+    assert last.status is Status.WON

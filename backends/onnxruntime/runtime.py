@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from backends.common.onnx_export import OnnxGraph
+from backends.errors import Unsupported
 from backends.onnxruntime.artefact import to_artefact
 from backends.registry import Artefact
 
@@ -70,6 +71,13 @@ class Frozen:
         """The frozen tensors among `inputs`, their identity and version now."""
         kept = [i for i in positions if isinstance(inputs[i], torch.Tensor)]
         tensors = tuple(inputs[i] for i in kept)
+        inference = [i for i, t in zip(kept, tensors, strict=True) if t.is_inference()]
+        if inference:  # no version counter: a later write to them could not be seen
+            raise Unsupported(
+                f"weights {inference[:3]} are inference tensors (the model was built under "
+                "torch.inference_mode()): frozen into the model, a change to them could not "
+                "be seen; build the model outside inference_mode"
+            )
         return cls(tuple(kept), tensors, tuple(map(_version, tensors)))  # type: ignore[arg-type]
 
     def getter(self) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
