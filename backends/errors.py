@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # `<function f at 0x7f...>`: differs every run
+
+
+def without_addresses(text: str) -> str:
+    """`text` with Python's ` at 0x7f...` object addresses removed: `<function f>`, so that
+    a reason reads the same in every run and two reports can be compared line by line."""
+    return _ADDRESS.sub("", text)
+
 
 class Unsupported(Exception):
     """This backend cannot take this graph (unsupported op, dynamic shapes, training graph).
@@ -11,6 +21,7 @@ class Unsupported(Exception):
     """
 
     def __init__(self, reason: str, detail: str | None = None) -> None:
+        reason = without_addresses(str(reason))
         super().__init__(reason)
         self.reason = reason
         self.detail = detail
@@ -39,11 +50,13 @@ def one_line(error: BaseException, limit: int = 240, message: str | None = None)
     """`Type: first line of the message`, trimmed to `limit`: what a report row can hold.
 
     `message`: the line to show instead of the message's first one (a caller's cleaned-up
-    text); it is not prefixed again when it already starts with `Type:`.
+    text); it is not prefixed again when it already starts with `Type:`. Object addresses
+    (` at 0x7f...`) are dropped (`without_addresses`).
     """
     if message is None:
         text = str(error).strip().splitlines()
         message = text[0] if text else ""
+    message = without_addresses(message)
     kind = type(error).__name__
     line = message if message.startswith(f"{kind}:") else f"{kind}: {message}" if message else kind
     return line if len(line) <= limit else line[: limit - 3] + "..."

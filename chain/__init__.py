@@ -1,9 +1,15 @@
 """backend-chain: a torch.compile backend that tries compilers per graph and reports why.
 
+from chain import chain, export, load
+
 backend = chain("tensorrt", "cudagraphs", "onnxruntime", "eager")
 fast = torch.compile(model, backend=backend)
 fast(x)
 print(backend.report)
+
+`from chain import chain` gives the factory, which also carries the module's public names
+(`chain.export`, `chain.load`, `chain.Report`, ...): `chain.export(...)` works whichever
+`chain` (the module or the factory) a script holds.
 """
 
 from __future__ import annotations
@@ -52,3 +58,14 @@ __all__ = [
     "last_chain",
     "load",
 ]
+
+
+def _carry_public_names() -> None:
+    """Give the factory the module's public names as attributes: after `from chain import
+    chain`, `chain.export(...)` still means the module's `export`, not an AttributeError."""
+    namespace = globals()
+    for name in __all__:
+        setattr(chain, name, namespace[name])
+
+
+_carry_public_names()

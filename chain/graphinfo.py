@@ -5,8 +5,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import inspect
 import os
 import re
+import sys
+import sysconfig
+import types
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -222,9 +226,25 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+@functools.cache
+def _stdlib_dirs() -> tuple[str, tuple[str, ...]]:
+    """The standard library's folder, and the package folders that may sit inside it
+    (site-packages of a system Python): those hold other people's code, not the stdlib's."""
+    paths = sysconfig.get_paths()
+    packages = {os.path.join(os.path.realpath(paths[k]), "") for k in ("purelib", "platlib")}
+    return os.path.join(os.path.realpath(paths["stdlib"]), ""), tuple(packages)
+
+
 def _is_library(file: str) -> bool:
-    """A frame of torch, of a model library, or of generated code (`<eval_with_key>`)."""
-    return file.startswith("<") or os.path.realpath(file).startswith(_library_dirs())
+    """A frame of torch, of a model library, of the standard library (functools, contextlib:
+    decorators' frames are nobody's model) or of generated code (`<eval_with_key>`)."""
+    if file.startswith("<"):
+        return True
+    real = os.path.realpath(file)
+    stdlib, packages = _stdlib_dirs()
+    return real.startswith(_library_dirs()) or (
+        real.startswith(stdlib) and not real.startswith(packages)
+    )
 
 
 def _frames(gm: fx.GraphModule) -> list[tuple[str, str, str]]:
@@ -236,29 +256,101 @@ def _frames(gm: fx.GraphModule) -> list[tuple[str, str, str]]:
     return []
 
 
+def _where(func: str, file: str, line: int | str) -> str:
+    """`func (file.py:line)`, the file by its base name."""
+    return f"{func} ({os.path.basename(file)}:{line})"
+
+
+def _module_of(file: str) -> types.ModuleType | None:
+    """The imported module whose source is `file`, or None (a script run as __main__ too)."""
+    real = os.path.realpath(file)
+    for module in list(sys.modules.values()):
+        source = getattr(module, "__file__", None)
+        if isinstance(source, str) and os.path.realpath(source) == real:
+            return module
+    return None
+
+
+def _code_span(fn: object) -> tuple[str, int, int] | None:
+    """(file, first line, last line) of a function's code, decorators unwrapped; None when
+    `fn` is not a Python function."""
+    try:
+        code = getattr(inspect.unwrap(fn), "__code__", None)  # type: ignore[arg-type]
+    except ValueError:  # a __wrapped__ cycle
+        return None
+    if not isinstance(code, types.CodeType):
+        return None
+    lines = [line for _, _, line in code.co_lines() if line is not None]
+    return code.co_filename, code.co_firstlineno, max(lines, default=code.co_firstlineno)
+
+
+def _module_method(file: str, line: int) -> str | None:
+    """`Class.method` of the nn.Module class whose method holds `file:line` (the tightest
+    one), or None: maps a frame of a model library to the model class it runs."""
+    module = _module_of(file)
+    if module is None:
+        return None
+    real, best, width = os.path.realpath(file), None, None
+    for cls in vars(module).values():
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            continue
+        for name, fn in vars(cls).items():
+            span = _code_span(fn)
+            if span is None or os.path.realpath(span[0]) != real:
+                continue
+            if span[1] <= line <= span[2] and (width is None or span[2] - span[1] < width):
+                best, width = f"{cls.__name__}.{name}", span[2] - span[1]
+    return best
+
+
+def _model_frame(frames: Sequence[tuple[str, str, str]]) -> str | None:
+    """The outermost frame inside a method of an nn.Module class (the compiled model's
+    `forward`, past the decorators that wrap it), as `Class.method (file:line)`."""
+    for file, line, _func in frames:
+        method = _module_method(file, int(line))
+        if method is not None:
+            return _where(method, file, line)
+    return None
+
+
 def _outer_module(gm: fx.GraphModule) -> str:
-    """The outermost module a node was traced in, when no node carries a stack trace."""
+    """The outermost module a node was traced in, `Class.forward (file:line)` where its
+    source is known: for a graph whose nodes carry no stack trace."""
     for node in gm.graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
         for _path, cls in stack.values():
-            return f"{getattr(cls, '__name__', cls)}.forward"
+            name = f"{getattr(cls, '__name__', cls)}.forward"
+            span = _code_span(getattr(cls, "forward", None))
+            return _where(name, span[0], span[1]) if span else name
     return ""
+
+
+def _origin_frame(gm: fx.GraphModule) -> str:
+    """Where the graph's code is: the innermost frame of the user's own code; else the model
+    class's method (a transformers model compiled as it is), never a decorator's wrapper;
+    else the outermost module's forward; else the innermost frame."""
+    frames = _frames(gm)
+    user = [f for f in frames if not _is_library(f[0])]
+    if user:
+        file, line, func = user[-1]
+        return _where(func, file, line)
+    found = (_model_frame(frames) if frames else None) or _outer_module(gm)
+    if found or not frames:
+        return found
+    file, line, func = frames[-1]
+    return _where(func, file, line)
 
 
 def origin(gm: fx.GraphModule) -> str:
     """Where the graph came from: `function (file:line)`, plus why dynamo broke it there.
 
-    The frame is the innermost one outside torch and the model libraries (transformers,
-    timm, ...): the user's line that called into them. A graph traced entirely inside a
-    library (a transformers model compiled as it is) gets its outermost frame, the entry
-    of the compiled function; a graph without stack traces, its outermost module.
+    The frame is the innermost one outside torch, the standard library and the model
+    libraries (transformers, timm, ...): the user's line that called into them. A graph
+    traced entirely inside a library (a transformers model compiled as it is) gets the
+    model class's method, `BertModel.forward (modeling_bert.py:640)`, not the decorators
+    around it; a graph without stack traces, its outermost module's forward.
     """
-    frames = _frames(gm)
-    user = [f for f in frames if not _is_library(f[0])]
-    where = _outer_module(gm)
-    if frames:
-        file, line, func = user[-1] if user else frames[0]
-        where = f"{func} ({file.rsplit('/', 1)[-1]}:{line})"
+    where = _origin_frame(gm)
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is not None and getattr(reason, "graph_break", False):
         first = str(reason.reason).strip().splitlines()[0] if reason.reason else "graph break"

@@ -17,14 +17,15 @@ log = logging.getLogger("chain")
 
 def graph_code(gm: fx.GraphModule) -> str | None:
     """The graph module as a standalone `class Repro(torch.nn.Module)` (dynamo's minifier
-    writer); None, with a warning, when it cannot be written."""
+    writer); None when it cannot be written, said on the `chain` logger at INFO: the repro
+    tool names the missing code when asked, so a run is not noisy for it."""
     from torch._dynamo.debug_utils import NNModuleToString
 
     try:
         return NNModuleToString.convert(gm)
     except Exception as e:  # an internal writer: a failure costs the repro, not the run
         # one line: the writer's message can hold the whole module's text
-        log.warning("graph code not kept for repros: %s", one_line(e))
+        log.info("graph code not kept for repros: %s", one_line(e))
         return None
 
 
