@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -222,7 +223,13 @@ class BackendRegistry:
         dynamo_names = self.dynamo_names()
         if name in dynamo_names:
             fn = lookup_backend(name)
-            return Backend(name=name, compiler=fn, options=None, tags=("dynamo",))
+            return Backend(
+                name=name,
+                compiler=fn,
+                available=functools.cache(functools.partial(dynamo_available, name)),
+                options=None,
+                tags=("dynamo",),
+            )
         hint = did_you_mean(name, [*self.names(), *dynamo_names])
         raise InvalidBackend(
             f"unknown backend {name!r}{hint}; ours: {', '.join(self.names())}; "
@@ -290,6 +297,34 @@ def import_submodules(package_name: str) -> list[str]:
     for name in names:
         importlib.import_module(f"{package_name}.{name}")
     return names
+
+
+# dynamo's named backends that need a package torch does not bring: (module, install hint)
+DYNAMO_PACKAGES: dict[str, tuple[str, str]] = {
+    "tvm": ("tvm", "pip install apache-tvm"),
+    "openxla": ("torch_xla", "pip install torch_xla (https://github.com/pytorch/xla)"),
+    "openxla_eval": ("torch_xla", "pip install torch_xla (https://github.com/pytorch/xla)"),
+    "torchxla_trace_once": ("torch_xla", "pip install torch_xla"),
+    "aot_torchxla_trace_once": ("torch_xla", "pip install torch_xla"),
+    "tensorrt": ("torch_tensorrt", "pip install torch-tensorrt"),
+    "torch_tensorrt": ("torch_tensorrt", "pip install torch-tensorrt"),
+    "ipex": ("intel_extension_for_pytorch", "pip install intel-extension-for-pytorch"),
+    "onnxrt": ("onnxruntime", "pip install onnxruntime"),
+}
+
+
+def dynamo_available(name: str) -> str | None:
+    """`available()` of dynamo's backend `name`: None, or why not (its package is missing,
+    with the install hint), checked without importing the package: dynamo lists tvm and
+    openxla whether or not they are installed, and they fail only once called."""
+    if name not in DYNAMO_PACKAGES:
+        return None
+    module, hint = DYNAMO_PACKAGES[name]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as e:  # a broken install: say so, as missing
+        return f"{module} cannot be found ({type(e).__name__}: {e}): {hint}"
+    return None if found else f"{module} is not installed: {hint}"
 
 
 registry = BackendRegistry()

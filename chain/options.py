@@ -148,9 +148,35 @@ CHAIN_OPTIONS: dict[str, Check] = {
 }
 
 
+DEFAULTS = {"mode": "first", "measure": True, "min_speedup": None}  # Chain.__init__'s
+# (options contradict each other when this holds, what to say): each is valid alone
+CONFLICTS: tuple[tuple[Callable[[Mapping[str, Any]], bool], str], ...] = (
+    (
+        lambda v: v["mode"] == "fastest" and not v["measure"],
+        "mode='fastest' needs measure=True: the winner is chosen by latency",
+    ),
+    (
+        lambda v: v["min_speedup"] is not None and not v["measure"],
+        "min_speedup needs measure=True: a speedup is known only when timed",
+    ),
+)
+
+
+def check_conflicts(values: Mapping[str, Any]) -> None:
+    """InvalidOption for options that contradict each other (`measure=False,
+    mode="fastest"`): each is valid alone, so no one table entry can see it."""
+    given = {**DEFAULTS, **values}
+    for holds, message in CONFLICTS:
+        if holds(given):
+            raise InvalidOption(f"chain(): {message}")
+
+
 def check_chain_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """chain()'s keyword options, checked and normalized; InvalidOption for the first bad one."""
-    return check_options("chain()", values, CHAIN_OPTIONS)
+    """chain()'s keyword options, checked and normalized; InvalidOption for the first bad
+    one, or for two that contradict each other (`check_conflicts`)."""
+    checked = check_options("chain()", values, CHAIN_OPTIONS)
+    check_conflicts(checked)
+    return checked
 
 
 def check_backend_options(
