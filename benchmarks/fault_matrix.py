@@ -72,6 +72,12 @@ def _damage(fault: str, gm: fx.GraphModule, args: tuple[Any, ...], out: list[Any
                 if isinstance(a, torch.Tensor) and not a.is_floating_point():
                     a.zero_()
         return out
+    if fault == "data":  # zero the caller's token ids (or their copy) behind the version counter
+        real = Phase.real
+        for a in args:  # the ids, or selection's copy of them (not the position_ids buffer)
+            if real is not None and isinstance(a, torch.Tensor) and a.shape == real.shape:
+                a.data.zero_()
+        return out
     if fault == "weights":  # scale a weight in place behind the version counter, then answer
         with torch.no_grad():
             for a in args:
@@ -82,7 +88,7 @@ def _damage(fault: str, gm: fx.GraphModule, args: tuple[Any, ...], out: list[Any
     raise ValueError(f"unknown fault {fault!r}")
 
 
-FAULTS = ("raises", "exit", "hang", "wrong", "nan", "shape", "scribble", "weights")
+FAULTS = ("raises", "exit", "hang", "wrong", "nan", "shape", "scribble", "data", "weights", "reuse")
 
 
 def faulty(fault: str, place: str) -> Callable[..., Any]:
@@ -92,6 +98,14 @@ def faulty(fault: str, place: str) -> Callable[..., Any]:
         if place == "compile":
             _damage(fault, gm, tuple(example_inputs), [])
         calls = {"select": 0, "run": 0}
+        held: list[torch.Tensor] = []  # `reuse`: the one set of output tensors handed out
+
+        def reused(out: list[Any]) -> list[Any]:
+            if not held:
+                held.extend(o.clone() for o in out)
+            for buffer, o in zip(held, out, strict=True):
+                buffer.copy_(o)
+            return list(held)
 
         def run(*args: Any) -> Any:
             out = gm.forward(*args)
@@ -103,6 +117,8 @@ def faulty(fault: str, place: str) -> Callable[..., Any]:
             else:
                 calls["run"] += 1
                 strike = place in ("later", "threads") and calls["run"] >= 2
+            if strike and fault == "reuse":
+                return reused(list(out))
             return _damage(fault, gm, args, list(out)) if strike else out
 
         return run
@@ -125,11 +141,19 @@ def _prescribed(fault: str, place: str, exc: BaseException) -> str:
     return f"RAISED {type(exc).__name__}: {text.splitlines()[0][:80]}"
 
 
+def _answer(fast: Callable[..., Any], ids: torch.Tensor) -> Any:
+    """The call's answer, or the WeightsDamaged it raised (kept: every later call counts)."""
+    try:
+        return fast(ids)
+    except WeightsDamaged as exc:
+        return exc
+
+
 def cell(fault: str, place: str, timeout: float, rate: float, calls: int) -> str:
     """One cell's outcome in words."""
     if fault == "hang" and place in ("later", "threads"):
         return "n/a: run-time calls have no timeout"
-    if fault in ("wrong", "nan", "shape") and place == "compile":
+    if fault in ("wrong", "nan", "shape", "reuse") and place == "compile":
         return "n/a: no output at compile"
     model = zoo.build("bert")
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -153,18 +177,27 @@ def cell(fault: str, place: str, timeout: float, rate: float, calls: int) -> str
                 results = [fast(ids)]
                 if place == "threads":
 
-                    def one(_: int, ids: torch.Tensor = ids) -> torch.Tensor:
+                    def one(_: int, ids: torch.Tensor = ids) -> Any:
                         with torch.no_grad():  # grad mode is per thread
-                            return fast(ids)
+                            return _answer(fast, ids)
 
                     with ThreadPoolExecutor(8) as pool:
                         results += list(pool.map(one, range(8 * calls)))
                 else:
-                    results += [fast(ids) for _ in range(calls)]
+                    results += [_answer(fast, ids) for _ in range(calls)]
+            damage = [r for r in results if isinstance(r, WeightsDamaged)]
+            answers = [r for r in results if not isinstance(r, BaseException)]
             bad = sum(
                 r.shape != expected.shape or not torch.allclose(r, expected, atol=1e-4)
-                for r in results
+                for r in answers
             )
+            if damage:  # after WeightsDamaged every call must raise it, never answer
+                after = results[results.index(damage[0]) :]
+                answered = sum(not isinstance(r, BaseException) for r in after)
+                return (
+                    f"{_prescribed(fault, place, damage[0])}; then {len(after) - answered}/"
+                    f"{len(after)} calls raised it, {bad} wrong answer(s)"
+                )
             if bad:
                 wrong.append(f"{bad}/{len(results)} wrong at {zoo.describe('bert', shape)}")
             if not torch.equal(ids, kept):

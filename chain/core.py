@@ -36,7 +36,7 @@ from chain.resolve import BackendSpec, resolve
 from chain.speed import EAGER, EAGER_REF, SpeedRules, not_decided
 from chain.timing import Timing
 from chain.verify import unchanged
-from chain.watch import Demoted, Expected, RunChecks, Watch, Writes
+from chain.watch import Demoted, Expected, RunChecks, TooSlow, Watch, Writes
 
 log = logging.getLogger("chain")
 
@@ -120,6 +120,7 @@ class Chain:
                        compile_timeout_s=compile_timeout_s)  # fmt: skip
         on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
         self.memory = Memory(store, decides, max_artefact_mb) if on else None
+        self._recalls: dict[int, Recall] = {}  # per graph id: its key, to forget a demoted winner
 
     @property
     def speed(self) -> SpeedRules:
@@ -205,6 +206,8 @@ class Chain:
         log.info("graph %d: %s", record.id, record.winning_attempt)
         watch_for = self._watch_for(record, gm, reference, errors or reference.recorded)
         kept = recall if self.memory is not None and recall is not None else None
+        if kept is not None:  # a winner demoted at run time forgets its stored decision
+            self._recalls[record.id] = kept
         buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
         index = self._index(winner)
         return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets)
@@ -500,9 +503,9 @@ class Chain:
         attempts = tuple(
             dataclasses.replace(
                 a,
-                status=Status.MISMATCH,
+                status=Status.SLOWER if isinstance(exc, TooSlow) else Status.MISMATCH,
                 reason=str(exc),
-                error_type="Mismatch",
+                error_type=type(exc).__name__ if isinstance(exc, TooSlow) else "Mismatch",
                 traceback=None,
             )
             if a.backend == failed_name and demoted
@@ -520,6 +523,11 @@ class Chain:
         known = {a.backend for a in record.attempts}  # variants tried only now come after
         attempts += tuple(a for a in new if a.backend not in known)
         record = self._finish(record, attempts, eager)
+        recall = self._recalls.get(guard.graph_id)
+        if demoted and recall is not None and self.memory is not None:
+            note = self.memory.forget(recall, f"{failed_name} demoted at run time")
+            record = dataclasses.replace(record, notes=(*record.notes, note))
+            self.report.graphs[record.id] = record
         if record.winner is None:
             raise AllCandidatesFailed(record) from exc
         guard.switch(fns[record.winner], self._index(record.winner), record.winner)

@@ -171,6 +171,18 @@ class Memory:
             return f"memory: not remembered: {e}"
         return None
 
+    def forget(self, recall: Recall, why: str) -> str:
+        """Delete the recall's decision (its winner was demoted at run time): the next
+        process selects again. The graph's note says what happened."""
+        store = self.store()
+        if recall.key is None or store is None:
+            return f"memory: nothing to forget ({why})"
+        try:
+            store.delete(recall.key)
+        except StoreUnavailable as e:
+            return self._fail(str(e))
+        return f"memory: decision {recall.key} forgotten: {why}; the next process selects again"
+
     def remember_buckets(self, recall: Recall, buckets: list[dict[str, Any]]) -> str | None:
         """Keep a graph's bucket decisions (chain.buckets.remembered) with its decision, in
         `extra["buckets"]`; a note when they could not be (no entry, store down, refused)."""

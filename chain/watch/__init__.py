@@ -8,7 +8,7 @@ a failed call can be undone (`writes`), and counts all of it on the graph's reco
 
 from chain.watch.expect import Expected
 from chain.watch.stats import RunChecks
-from chain.watch.watch import Demoted, Watch
+from chain.watch.watch import Demoted, TooSlow, Watch
 from chain.watch.writes import InputsWritten, Writes
 
-__all__ = ["Demoted", "Expected", "InputsWritten", "RunChecks", "Watch", "Writes"]
+__all__ = ["Demoted", "Expected", "InputsWritten", "RunChecks", "TooSlow", "Watch", "Writes"]

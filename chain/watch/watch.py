@@ -28,8 +28,9 @@ from backends.common.versions import version, versions
 from chain.fp64 import fp64_graph, fp64_inputs
 from chain.verify import compare, unchanged
 from chain.watch.expect import Expected
+from chain.watch.pace import Pace
 from chain.watch.reuse import Reuse
-from chain.watch.schedule import Schedule
+from chain.watch.schedule import SETTLED, Schedule
 from chain.watch.stats import RunChecks
 from chain.watch.writes import Writes
 
@@ -52,6 +53,11 @@ class Demoted(Exception):
         super().__init__(f"at call {call}: {reason}")
         self.call = call
         self.reason = reason
+
+
+class TooSlow(Demoted):
+    """A winner slower than eager with confidence at run time (`chain.watch.pace`): the
+    chain records it as slower and moves on."""
 
 
 class Watch:
@@ -93,6 +99,7 @@ class Watch:
         self.scan_budget = max(SCAN_SHARE, reverify_rate / 2)
         self._draw = random.Random(0).random  # which calls are scanned (seeded: repeatable)
         self.reuse = Reuse(expected.fresh) if expected is not None and expected.fresh else None
+        self.pace = Pace()  # the winner's speed against eager's, re-measured at run time
         self._fp64_gm: fx.GraphModule | None = None
         self._lock = threading.Lock()  # the float64 copy is built once
 
@@ -151,23 +158,38 @@ class Watch:
         run: Callable[[], Any],
         timed: bool = True,
     ) -> tuple[Any, str | None]:
-        """Run eager (first, on copies of what the graph writes), then `run` (the winner's
-        call, or its output already computed: `timed` False), and compare as selection does.
-        A timed call moves the schedule on and re-measures the NaN/inf scan's share.
+        """Run `run` (the winner's call, or its output already computed: `timed` False) and
+        eager on the same inputs, and compare as selection does. Eager runs first where the
+        graph writes its inputs (on copies of what it writes); else the two take turns going
+        first (whichever runs second finds the caches warm: the turns cancel that out), and
+        both times go to the run-time speed check (`chain.watch.pace`). A timed call moves
+        the schedule on and re-measures the NaN/inf scan's share.
 
-        Returns the winner's output and why it is wrong (None: it matches eager).
+        Returns the winner's output and why it is wrong (None: it matches eager); raises
+        TooSlow for a right winner that is slower than eager with confidence.
         """
         start = time.perf_counter()
-        eager_args = self.writes.eager_inputs(args, kept or {}) if self.writes else list(args)
-        # float64 needs the inputs as of before the call too, and eager is about to write
-        # the copies in eager_args: a second set of copies of what the graph writes
-        before = self.writes.eager_inputs(args, kept or {}) if self.writes else eager_args
+        winner_first = timed and self.writes is None and self.stats.reverified % 2 == 1
         held = self._activations(args) if timed else None
+        wrote = None
+        if winner_first:
+            out = run()
+            call_s = time.perf_counter() - start
+            wrote = _restored(args, held) if held else None  # put back before eager reads
+            eager_args = before = list(args)
+        else:
+            eager_args = self.writes.eager_inputs(args, kept or {}) if self.writes else list(args)
+            # float64 needs the inputs as of before the call too, and eager is about to write
+            # the copies in eager_args: a second set of copies of what the graph writes
+            before = self.writes.eager_inputs(args, kept or {}) if self.writes else eager_args
+        eager_start = time.perf_counter()
         with torch.no_grad():
             expected = self.gm(*eager_args)
-        eager_s = time.perf_counter() - start
-        out = run()
-        call_s = time.perf_counter() - start - eager_s
+        eager_s = time.perf_counter() - eager_start
+        if not winner_first:
+            out = run()
+            call_s = time.perf_counter() - eager_start - eager_s
+            wrote = _restored(args, held) if held else None
         reason = self._outputs(n, args, out, False)[0] if self.expected is not None else None
         if timed and reason is None and self.expected is not None and self.expected.scans:
             scan_start = time.perf_counter()
@@ -182,16 +204,22 @@ class Watch:
             )
             if verdict.reason is not None:
                 reason = f"inputs {list(positions)} not written as eager does: {verdict.reason}"
-        if held:  # the activations eager leaves alone: as they were? (a `.data` write, or an
-            reason = _restored(args, held) or reason  # inference tensor's: no counter moves)
+        # the activations eager leaves alone: as they were? (a `.data` write, or an inference
+        # tensor's: no version counter moves)
+        reason = wrote or reason
         if self.weights is not None:  # writes behind version counters; WeightsDamaged when
             damaged = self.weights(f"the winner (at run time, call {n})")  # values changed
             reason = reason or damaged
         cost_s = time.perf_counter() - start - call_s
+        slow = None
+        if timed and reason is None:
+            slow = self.pace.pair(call_s if self.writes is None else None, eager_s)
         self.stats.reverified += 1
         if timed:  # with what eager's run slowed the winner's call by
             cost_s += self.schedule.done(n, cost_s, call_s)
         self.stats.reverify_s += cost_s
+        if slow is not None:  # right, but slower than eager with confidence
+            raise TooSlow(n, slow)
         return out, reason
 
     def _activations(self, args: Sequence[Any]) -> dict[int, torch.Tensor]:
@@ -206,6 +234,8 @@ class Watch:
     def timed(self, n: int, call_s: float) -> None:
         """Call `n`, one the schedule asked to time, took `call_s`: what a re-verification
         slowed it by is booked to the re-verifications (`reverify_s`, the budget)."""
+        if n >= self.schedule.last + SETTLED:  # a settled call: the winner's usual speed
+            self.pace.winner(call_s)
         self.stats.reverify_s += self.schedule.timed(n, call_s)
 
     def share_scans(self, scan_s: float, call_s: float) -> None:

@@ -1,0 +1,101 @@
+"""Speed stays true at run time (issue 33): the pairs re-verification takes (the winner's
+call, eager's run) demote a winner that turns slower than eager with confidence, and
+never one within the noise."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+from chain import chain
+from chain.records import Status
+from chain.watch.pace import MIN_PAIRS, Pace, slower
+from tests.models import build
+
+
+def test_pairs_slower_with_confidence_give_the_reason() -> None:
+    pairs = [(2e-3, 1e-3)] * MIN_PAIRS
+    reason = slower(pairs)
+    assert reason is not None and "2.000 ms against eager's 1.000 ms (0.50x)" in reason
+    assert f"slower in {MIN_PAIRS} of its last {MIN_PAIRS}" in reason
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [(2e-3, 1e-3)] * (MIN_PAIRS - 1),  # too few to decide
+        [(1.02e-3, 1e-3)] * 16,  # within the 3% margin
+        [(2e-3, 1e-3), (0.5e-3, 1e-3)] * 8,  # turns: half slower, half faster
+        [(1e-3 * (1 + (i % 3)), 1e-3 * (1 + ((i + 1) % 3))) for i in range(16)],  # noise
+    ],
+)
+def test_pairs_within_the_noise_or_too_few_decide_nothing(pairs: list[tuple[float, float]]) -> None:
+    assert slower(pairs) is None
+
+
+def test_the_window_keeps_the_recent_pairs() -> None:
+    pace = Pace()
+    for _ in range(16):  # fast for a while
+        assert pace.pair(0.5e-3, 1e-3) is None
+    reasons = [pace.pair(2e-3, 1e-3) for _ in range(16)]  # then slow: caught within the window
+    assert reasons[-1] is not None
+    assert pace.pair(None, 1e-3) is None  # no winner figure (eager ran first, none settled)
+
+
+def sleeps_after(calls: int, seconds: float) -> Callable[..., Any]:
+    """A backend: the graph's forward, sleeping `seconds` a call after its first `calls`."""
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        count = [0]
+
+        def run(*args: Any) -> Any:
+            count[0] += 1
+            if count[0] > calls:
+                time.sleep(seconds)
+            return gm.forward(*args)
+
+        return run
+
+    backend.__name__ = "turns_slow"
+    return backend
+
+
+def test_a_winner_that_turns_slow_is_demoted_as_slower(guard_path: str) -> None:
+    model, (x,) = build("mlp")
+    backend = chain(sleeps_after(3, 0.01), "eager", measure=False, reverify_rate=0.05)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(300):
+            torch.testing.assert_close(compiled(x), model(x))
+    graph = backend.report.graphs[0]
+    first = graph.attempts[0]
+    assert (first.backend, first.status) == ("turns_slow", Status.SLOWER), first
+    assert "slower than eager at run time" in first.reason
+    assert graph.winner == "eager"
+
+
+def test_a_winner_demoted_at_run_time_forgets_its_stored_decision(tmp_path: Any) -> None:
+    model, (x,) = build("mlp")
+    backend = chain(
+        sleeps_after(3, 0.01),
+        "eager",
+        measure=False,
+        reverify_rate=0.05,
+        store=str(tmp_path),
+        memory=True,
+    )
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        compiled(x)
+        stored = list(tmp_path.glob("**/*.json"))
+        assert len(stored) == 1, backend.report.graphs[0].notes  # the decision, remembered
+        for _ in range(300):
+            compiled(x)
+    assert not stored[0].exists()
+    notes = backend.report.graphs[0].notes
+    assert any("forgotten: turns_slow demoted at run time" in n for n in notes), notes
