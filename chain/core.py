@@ -24,7 +24,7 @@ from chain.concrete import concretize
 from chain.fp64 import Later, fp64_reference
 from chain.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.guard import _FALLBACK, GuardedGraph
-from chain.isolation import RUN_TIME_PARTS, Isolation
+from chain.isolation import RUN_TIME_PARTS, Isolation, fresh_copy
 from chain.look import capture, progress, trace
 from chain.memory import Memory, Recall, enabled_by_env, hit_note, miss_note, replay
 from chain.options import MODES as MODES  # re-exported: chain.core.MODES
@@ -494,7 +494,11 @@ class Chain:
             "gave a wrong answer at run time" if demoted else "raised at run time",
             str(exc) if demoted else one_line(exc),
         )
+        # one copy of the activations for the whole re-selection: other threads' calls may
+        # be changing the caller's tensors meanwhile (a faulty winner still in flight)
         inputs = list(args)
+        for i in Isolation.of(guard.gm, inputs).copied:
+            inputs[i] = fresh_copy(inputs[i])
         reference, _ = self._reference(guard.gm, inputs)
         new, fns, eager = self._run_candidates(
             guard.gm, inputs, reference, start=guard.backend_index + 1
