@@ -2,7 +2,7 @@
 
 For each model, dtype and backend, one chain(backend) with verification on: the attempt's
 status, its RMSE against the graph run in float64 and its ratio to eager's (the worst
-output). This is the measurement behind `chain.accuracy.MULTIPLE` and `FLOOR_ULPS`:
+output). This is the measurement behind `chain.judge.accuracy.MULTIPLE` and `FLOOR_ULPS`:
 correct backends must sit well under the multiple, the fault backends of tests/faults.py
 well over it.
 

@@ -37,8 +37,8 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from chain import chain
 from chain.bench import zoo
-from chain.isolation import WeightsDamaged
-from chain.watch import InputsWritten
+from chain.run.watch import InputsWritten
+from chain.select.isolation import WeightsDamaged
 
 PLACES = ("compile", "first", "timing", "later", "threads")
 HANG_S = 30.0

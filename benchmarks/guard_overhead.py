@@ -1,4 +1,4 @@
-"""Per-call cost of the guard's run-time checks (chain.watch) on a tiny BertModel.
+"""Per-call cost of the guard's run-time checks (chain.run.watch) on a tiny BertModel.
 
     python benchmarks/guard_overhead.py [--model toy] [--calls 10] [--rounds 1000] [--threads 1]
         [--reverify-rate R]
@@ -16,7 +16,7 @@ interval over rounds, and the median of the per-round ratios. The arms: eager (t
 model uncompiled); today's guard (a plain try around the winner, as the guard was before
 chain.watch); chain(twin, watch=False) (checks off); chain(twin) (defaults: cheap checks
 every call, re-verification against eager as `reverify_rate` pays for); the defaults with
-the guard's fast path off (chain.watch.fast: every call by the general path); then the
+the guard's fast path off (chain.run.watch.fast: every call by the general path); then the
 cheap checks alone, timed on the graph's real arguments.
 
 The guards serve one compiled frame, swapped round by round (`Arms`): compiled as separate

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from chain import chain, default_backends
 from chain.bench import zoo
-from chain.core import Chain
+from chain.select.core import Chain
 
 CHAINS = {
     "default": lambda: chain(*default_backends()),

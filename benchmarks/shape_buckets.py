@@ -1,4 +1,4 @@
-"""Mixed-length traffic through the chain with and without per-shape buckets (chain.buckets).
+"""Mixed-length traffic through the chain with and without per-shape buckets (chain.run.buckets).
 
     python benchmarks/shape_buckets.py [--calls 400] [--rounds 3] [--threads 1]
 

@@ -15,13 +15,13 @@ print(backend.report)
 from __future__ import annotations
 
 import backends as _backends  # noqa: F401  (registers the built-in backends)
-from chain.attempt import CompileTimeout, Mismatch
-from chain.core import AllCandidatesFailed, Chain
 from chain.deploy import CaptureError, ExportError, ExportResult, export, load
 from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
-from chain.isolation import WeightsDamaged
-from chain.records import Attempt, GraphRecord, Status
-from chain.report import Report, ReportError
+from chain.report.records import Attempt, GraphRecord, Status
+from chain.report.report import Report, ReportError
+from chain.select.attempt import CompileTimeout, Mismatch
+from chain.select.core import AllCandidatesFailed, Chain
+from chain.select.isolation import WeightsDamaged
 
 
 def chain(*backends: object, **kwargs: object) -> Chain:

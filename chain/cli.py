@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from backends.common.files import UnsafeFile
-from chain import json_fields as jf
-from chain.columns import printable
-from chain.records import FAILURES
-from chain.report import Report, ReportError
+from chain.report import json_fields as jf
+from chain.report.columns import printable
+from chain.report.records import FAILURES
+from chain.report.report import Report, ReportError
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -57,7 +57,7 @@ def _write_error(path: str, e: OSError) -> str:
 
 def _repro(args: argparse.Namespace) -> int:
     """Write a repro; one line and exit 2 for a bad report, size, target or untrusted file."""
-    from chain.look.repro import ReproError, parse_size, write
+    from chain.report.look.repro import ReproError, parse_size, write
 
     try:
         sizes = dict(parse_size(s) for s in args.size)
@@ -76,8 +76,8 @@ def _repro(args: argparse.Namespace) -> int:
 
 def _trusted(path: str, trust: bool) -> None:
     """A repro runs the graph code recorded in the report: one you did not make needs
-    --trust (chain.look.repro.made_by_you says what "made" means)."""
-    from chain.look.repro import ReproError, made_by_you
+    --trust (chain.report.look.repro.made_by_you says what "made" means)."""
+    from chain.report.look.repro import ReproError, made_by_you
 
     why = None if trust else made_by_you(path)
     if why is not None:

@@ -12,7 +12,7 @@ from torch import fx
 
 from backends.errors import InvalidOption
 from backends.registry import registry
-from chain.core import Chain
+from chain.select.core import Chain
 
 DEFAULT_CHAIN = ("tensorrt", "cudagraphs", "onnxruntime", "eager")
 

@@ -68,19 +68,19 @@ def _fresh_dynamo() -> None:
 @pytest.fixture(params=["fast", "general"])
 def guard_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Runs a test on each of the guard's two paths for a watched call: the fast closure
-    (chain.watch.fast), which must then have been built for at least one winner, and the
+    (chain.run.watch.fast), which must then have been built for at least one winner, and the
     general path alone. Both must reach the same verdicts."""
-    import chain.guard
+    import chain.run.guard
 
     built: list[Any] = []
-    real = chain.guard.fast_path
+    real = chain.run.guard.fast_path
 
     def recorded(watch: Any, fn: Any) -> Any:
         fast = real(watch, fn) if request.param == "fast" else None
         built.append(fast)
         return fast
 
-    monkeypatch.setattr(chain.guard, "fast_path", recorded)
+    monkeypatch.setattr(chain.run.guard, "fast_path", recorded)
     yield request.param
     if request.param == "fast":
         assert any(f is not None for f in built), "no winner took the fast path"

@@ -135,7 +135,7 @@ _PROCESS = """
 import json, sys
 import torch
 import backends.onnxruntime as ort_backend
-import chain.core as core
+import chain.select.core as core
 from chain import chain
 from chain.bench import zoo
 

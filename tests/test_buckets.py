@@ -1,4 +1,4 @@
-"""Per-shape buckets (chain.buckets): hot shapes of a graph with symbolic sizes served by a
+"""Per-shape buckets (chain.run.buckets): hot shapes of a graph with symbolic sizes served by a
 fixed-shape backend compiled for them, cold ones by the general (symbolic) winner.
 
 The backends registered here are real compilers (static inductor, eager with a sleep, eager
@@ -20,8 +20,8 @@ from torch import fx, nn
 import chain
 from backends.errors import InvalidOption
 from backends.registry import registry
-from chain.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
-from chain.report import Report
+from chain.report.report import Report
+from chain.run.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
 from tests.models import build_extra
 
 Fn = Callable[..., Any]
@@ -293,7 +293,7 @@ def test_buckets_off_and_bad_options() -> None:
 _PROCESS = """
 import json, sys, time
 import torch
-import chain, chain.core as core
+import chain, chain.select.core as core
 from backends.registry import registry
 from tests.models import build_extra
 
@@ -374,8 +374,8 @@ def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path:
 
 def _bucketed_report() -> Report:
     """A report with one graph and two buckets: one decided here, one remembered."""
-    from chain.buckets.stats import Bucket
-    from chain.records import Attempt, GraphRecord
+    from chain.report.records import Attempt, GraphRecord
+    from chain.run.buckets.stats import Bucket
 
     won = Attempt("static_inductor", chain.Status.WON, "", latency_ms=0.5)
     here = Bucket("s0=16, l_x_ (2, 16)", SERVING, "static_inductor", "inductor", calls=7,
@@ -422,7 +422,7 @@ def test_max_bucket_mb_evicts_to_stay_under_the_bound(
     """Each bucket's artefact measured at 3 MiB (the measure is CUDA's allocator; on CPU it
     is set here): max_bucket_mb=7 holds two, a third evicts the least used, and a bucket
     larger than the bound alone is not served."""
-    import chain.buckets.footprint as footprint
+    import chain.run.buckets.footprint as footprint
 
     sizes = {"mb": 3.0}
     monkeypatch.setattr(footprint, "measured", lambda inputs, build: (build(), sizes["mb"]))
@@ -452,7 +452,7 @@ def test_max_bucket_mb_evicts_to_stay_under_the_bound(
 @pytest.mark.cuda
 def test_a_cuda_graphs_bucket_measures_its_pool() -> None:
     """A CUDA graph capture allocates its pool: the measure around the build sees it."""
-    from chain.buckets.footprint import measured
+    from chain.run.buckets.footprint import measured
 
     x = torch.randn(256, 1024, device="cuda")
 

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from chain.columns import Column, cells, markdown, rich_table, texts, to_csv
+from chain.report.columns import Column, cells, markdown, rich_table, texts, to_csv
 
 ROWS = [
     {"name": "a|b", "ms": 1.23456, "tags": ["x", "y"]},

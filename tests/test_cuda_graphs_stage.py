@@ -15,7 +15,7 @@ from backends.cudagraphs import cudagraphs_available
 from backends.errors import InvalidOption
 from backends.inductor import config_patches
 from chain import Attempt, Report, Status, chain
-from chain.graphs import GraphsStage, base_name, check_cuda_graphs, prefer_graphed, variant_name
+from chain.run.graphs import GraphsStage, base_name, check_cuda_graphs, prefer_graphed, variant_name
 from tests.helpers import compile_and_check
 from tests.models import build, launch_bound
 
@@ -227,7 +227,7 @@ def test_graphed_winner_falls_back_at_run_time(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_cuda_graphs_field_round_trips_through_json(tmp_path: Any) -> None:
-    from chain.records import GraphRecord
+    from chain.report.records import GraphRecord
 
     attempt = Attempt(
         "inductor+graphs", Status.WON, latency_ms=0.5, details={"cuda_graphs": True},

@@ -20,12 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-import chain.speed as speed
-import chain.timing as timing
+import chain.judge.speed as speed
+import chain.judge.timing as timing
 from chain import GraphRecord, Status, chain
-from chain.look import html
-from chain.records import Attempt, TimingEvidence
-from chain.timing import (
+from chain.judge.timing import (
     FASTER,
     REFERENCE,
     SLOWER,
@@ -43,6 +41,8 @@ from chain.timing import (
     timings_of,
     verdict_of,
 )
+from chain.report.look import html
+from chain.report.records import Attempt, TimingEvidence
 from tests.helpers import compile_and_check
 from tests.models import build
 

@@ -14,7 +14,7 @@ import torch
 
 import chain
 from chain.bench import zoo
-from chain.records import Status
+from chain.report.records import Status
 
 needs_transformers = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 CALL_TIMEOUT_S = 120  # a hang fails the test instead of stalling the suite

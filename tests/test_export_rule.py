@@ -11,7 +11,7 @@ from backends.onnxruntime.deploy import onnx_header
 from backends.onnxruntime.partition import export_part
 from chain.deploy import ops
 from chain.deploy.exporter import verify
-from chain.verify import compare
+from chain.judge.verify import compare
 
 
 class LongSums(nn.Module):

@@ -20,7 +20,7 @@ from backends.common.fx_utils import (
     weight_inputs,
 )
 from backends.errors import Unsupported
-from chain.graphinfo import random_ops
+from chain.report.graphinfo import random_ops
 
 
 def _dynamo_graph(

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from chain.graphinfo import mutates_inputs, random_ops
+from chain.report.graphinfo import mutates_inputs, random_ops
 
 
 def _graph(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> fx.GraphModule:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from chain.guard import GuardedGraph
+from chain.run.guard import GuardedGraph
 
 
 class _Chain:
-    """A stand-in for the chain: what `chain.guard.FallBack` asks of it, nothing more."""
+    """A stand-in for the chain: what `chain.run.guard.FallBack` asks of it, nothing more."""
 
     def __init__(self) -> None:
         self.failures: list[str] = []

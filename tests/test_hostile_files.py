@@ -32,10 +32,10 @@ from backends.common.files import (
     read_bounded,
 )
 from chain import Report, Status, chain
-from chain.look import html
 from chain.memory import MemoryWarning
 from chain.memory.stores import LocalStore, StoreUnavailable
-from chain.records import Attempt, GraphRecord
+from chain.report.look import html
+from chain.report.records import Attempt, GraphRecord
 from tests.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from chain.memory import Decision, MemoryWarning, StoreUnavailable
 from chain.memory.entry import BadEntry, decode, encode
 from chain.memory.stores import LocalStore, RedisStore
 from chain.memory.tools import entries, main
-from chain.records import Attempt, Status
+from chain.report.records import Attempt, Status
 from tests.models import MLP
 
 KEY = "ab" * 16

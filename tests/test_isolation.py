@@ -12,8 +12,8 @@ import torch
 from torch import fx
 
 from chain import AllCandidatesFailed, Status, chain
-from chain import isolation as isolation_module
-from chain.isolation import WeightsDamaged
+from chain.select import isolation as isolation_module
+from chain.select.isolation import WeightsDamaged
 from tests.models import build, build_extra
 
 

@@ -13,9 +13,9 @@ import torch
 from torch import fx
 
 from chain import chain
-from chain.isolation import WeightsDamaged
-from chain.records import Status
-from chain.watch import InputsWritten
+from chain.report.records import Status
+from chain.run.watch import InputsWritten
+from chain.select.isolation import WeightsDamaged
 from tests.models import build_extra
 
 SHAPES = ((2, 8), (1, 5))
@@ -161,7 +161,7 @@ def test_weights_damaged_stays_the_error_when_the_fall_back_fails_on_them() -> N
     chain re-selects on them: eager's run then sees them change and the re-selection fails.
     Before: that call raised AllCandidatesFailed, hiding WeightsDamaged (fault matrix,
     weights x threads). Here the re-selection is made to fail so, deterministically."""
-    from chain.core import AllCandidatesFailed
+    from chain.select.core import AllCandidatesFailed
 
     model, _ = build_extra("bert")
     backend = chain(strikes_after(1, _scale_weight_quietly), "eager", measure=False)

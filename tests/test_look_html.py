@@ -14,7 +14,7 @@ from torch import fx
 
 from chain import Report, Status, chain
 from chain.bench import zoo
-from chain.look import html
+from chain.report.look import html
 from tests import browser, faults
 
 HOSTILE = "<script>alert('pwned')</script> & <b>bold</b>"

@@ -12,7 +12,7 @@ import torch
 from torch import fx
 
 from chain import chain
-from chain.look import progress
+from chain.report.look import progress
 from tests.models import build
 
 

@@ -12,7 +12,7 @@ import torch
 
 from chain import Report, Status, chain
 from chain.bench import zoo
-from chain.look.repro import ReproError, example_input, write
+from chain.report.look.repro import ReproError, example_input, write
 from tests import faults
 
 ROOT = Path(__file__).parent.parent

@@ -14,7 +14,7 @@ import pytest
 
 from chain import Report
 from chain.bench import zoo
-from chain.look.trace import ARTIFACT
+from chain.report.look.trace import ARTIFACT
 
 ROOT = Path(__file__).parent.parent
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import fx
 
-import chain.core as core
 import chain.memory.key as memory_key
+import chain.select.core as core
 from backends.errors import InvalidOption
 from chain import Report, Status, chain
 from chain.memory import MemoryWarning
@@ -249,7 +249,7 @@ _WRITER = """
 import sys
 from chain.memory import Decision, open_store
 from chain.memory.entry import encode
-from chain.records import Attempt, Status
+from chain.report.records import Attempt, Status
 store = open_store(sys.argv[1])
 for i in range(int(sys.argv[3])):
     d = Decision(sys.argv[2], (Attempt(sys.argv[2], Status.WON, latency_ms=float(i)),))
@@ -388,7 +388,7 @@ def test_store_cli_lists_shows_and_clears(tmp_path: Path) -> None:
 _PROCESS = """
 import json, sys
 import torch
-import chain.core as core
+import chain.select.core as core
 from chain import chain
 from chain.bench import zoo
 
@@ -485,7 +485,7 @@ def _bert_records(backend: Any) -> list[Any]:
 @pytest.fixture
 def fp64_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many times the chain ran a graph in float64 (one entry per run)."""
-    import chain.fp64 as fp64
+    import chain.judge.fp64 as fp64
 
     runs: list[int] = []
     real = fp64.run_fp64

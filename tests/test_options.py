@@ -11,8 +11,9 @@ import torch
 import backends
 from backends.errors import InvalidBackend, InvalidOption
 from backends.options import integer, one_of
-from chain import Chain, chain, verify
-from chain.options import CHAIN_OPTIONS
+from chain import Chain, chain
+from chain.judge import verify
+from chain.select.options import CHAIN_OPTIONS
 from tests import faults
 from tests.helpers import compile_and_check
 from tests.models import build

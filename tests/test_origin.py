@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from chain import chain
-from chain.graphinfo import origin
+from chain.report.graphinfo import origin
 
 TORCH_CONV = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "conv.py")
 HERE = os.path.basename(__file__)

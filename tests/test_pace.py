@@ -13,8 +13,8 @@ import torch
 from torch import fx
 
 from chain import chain
-from chain.records import Status
-from chain.watch.pace import MIN_PAIRS, Pace, slower
+from chain.report.records import Status
+from chain.run.watch.pace import MIN_PAIRS, Pace, slower
 from tests.models import build
 
 

@@ -14,8 +14,8 @@ import chain
 from backends import Unsupported
 from backends.registry import registry
 from chain.bench import zoo
-from chain.concrete import concretize
-from chain.records import Status
+from chain.report.records import Status
+from chain.select.concrete import concretize
 
 needs_transformers = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 
@@ -319,7 +319,7 @@ def test_dynamos_restart_signal_passes_through_untouched() -> None:
     """A float argument that inductor must specialize makes it raise dynamo's
     TensorifyScalarRestartAnalysis: dynamo's control flow, not a failure of inductor. (It
     failed while the chain handed inductor copies without dynamo's symbolic context:
-    `chain.isolation.compile_copy` fixed both this and ConvNeXt's guard crash.)"""
+    `chain.select.isolation.compile_copy` fixed both this and ConvNeXt's guard crash.)"""
     c = chain.chain("inductor", "eager", eager_floor=False)
     compiled = torch.compile(power, backend=c)
     x = torch.rand(4) + 0.5

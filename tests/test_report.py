@@ -241,7 +241,7 @@ def test_torch_compile_chain_rejects_unknown_options() -> None:
 
 
 def test_table_prints_brackets_literally() -> None:
-    from chain.records import Attempt, GraphRecord
+    from chain.report.records import Attempt, GraphRecord
 
     record = GraphRecord(
         id=0,

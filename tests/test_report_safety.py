@@ -17,7 +17,7 @@ import torch
 
 from backends.common.files import UnsafeFile
 from chain import Chain, Report, Status, chain
-from chain.records import Attempt, GraphRecord
+from chain.report.records import Attempt, GraphRecord
 from tests.models import tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def test_every_chain_and_declared_backend_option_refuses_huge_and_infinite_value
     from backends.errors import InvalidOption
     from backends.options import BadValue
     from backends.registry import registry
-    from chain.options import CHAIN_OPTIONS
+    from chain.select.options import CHAIN_OPTIONS
 
     for value in (10**15, float("inf")):
         for name, check in CHAIN_OPTIONS.items():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from chain import chain
-from chain.look.repro import SCRIPT
+from chain.report.look.repro import SCRIPT
 from tests import faults
 
 ROOT = Path(__file__).resolve().parent.parent

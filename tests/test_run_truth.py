@@ -14,8 +14,8 @@ import torch
 from torch import fx
 
 from chain import chain
-from chain.isolation import WeightsDamaged
-from chain.records import Status
+from chain.report.records import Status
+from chain.select.isolation import WeightsDamaged
 from tests.models import build, build_extra
 
 CALLS = 200

@@ -1,4 +1,4 @@
-"""Which calls are re-verified (chain.watch.schedule): calls 2, 4, 8, ... early on, and over
+"""Which calls are re-verified (chain.run.watch.schedule): calls 2, 4, 8, ... early on, and over
 any long run no more than `rate` of the winner's time, the early ones included."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from chain.watch.schedule import AFTER, SETTLED, Schedule
+from chain.run.watch.schedule import AFTER, SETTLED, Schedule
 
 
 def _run(schedule: Schedule, calls: int, cost_s: float, call_s: float) -> list[int]:

@@ -19,7 +19,7 @@ from torch import fx
 
 from backends.common.onnx_export import export_onnx
 from chain import chain
-from chain.records import Status
+from chain.report.records import Status
 from tests.models import build, build_extra
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +322,7 @@ def test_a_stage_leaves_the_callers_shape_env_to_the_caller() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from chain.worker import CompileTimeout, within
+    from chain.select.worker import CompileTimeout, within
 
     shape_env = ShapeEnv()
     fake = FakeTensorMode(shape_env=shape_env)

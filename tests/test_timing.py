@@ -11,7 +11,7 @@ from torch import nn
 
 from backends.registry import lookup_backend
 from chain import Status, chain
-from chain.timing import measure, median_ci
+from chain.judge.timing import measure, median_ci
 from tests import faults
 from tests.helpers import compile_and_check
 from tests.models import build

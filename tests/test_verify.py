@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chain import Chain, Status, accuracy, chain, graphinfo
-from chain.fp64 import fp64_graph, run_fp64
-from chain.verify import channels_last, compare
+from chain import Chain, Status, chain
+from chain.judge import accuracy
+from chain.judge.fp64 import fp64_graph, run_fp64
+from chain.judge.verify import channels_last, compare
+from chain.report import graphinfo
 from tests import faults
 from tests.models import build, build_extra
 

@@ -1,4 +1,4 @@
-"""Run time stays true (chain.watch): a winner caught wrong after selection is demoted with
+"""Run time stays true (chain.run.watch): a winner caught wrong after selection is demoted with
 the call number and the user gets the right answer; a fallback holds under threads; a write
 is never applied twice."""
 
@@ -15,9 +15,9 @@ from torch import fx
 from backends.errors import InvalidOption
 from chain import Status, chain
 from chain.bench import zoo
-from chain.records import GraphRecord
-from chain.watch import RunChecks
-from chain.watch.schedule import AFTER, SETTLED, Schedule
+from chain.report.records import GraphRecord
+from chain.run.watch import RunChecks
+from chain.run.watch.schedule import AFTER, SETTLED, Schedule
 
 pytestmark = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 
@@ -276,7 +276,7 @@ def test_the_scan_takes_its_share_of_the_call() -> None:
 def test_calls_around_a_reverification_are_timed_and_booked(
     guard_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only the calls the schedule asks for are timed (chain.watch.schedule): the few right
+    """Only the calls the schedule asks for are timed (chain.run.watch.schedule): the few right
     after each re-verification, whose slowdown is booked to it, and one settled call before
     the next; the others run untimed, on either path."""
     timed: list[int] = []

@@ -17,8 +17,8 @@ from torch import fx, nn
 import backends
 from chain import DEFAULT_CHAIN, chain
 from chain.bench.harness import Candidate, Compiled
-from chain.core import MODES
-from chain.records import GraphRecord, Status
+from chain.report.records import GraphRecord, Status
+from chain.select.core import MODES
 
 KEPT_QUIET = (Status.WON, Status.NOT_TRIED)
 

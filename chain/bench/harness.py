@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from backends.errors import Unsupported, one_line
-from chain.fp64 import fp64_inputs
-from chain.verify import compare
+from chain.judge.fp64 import fp64_inputs
+from chain.judge.verify import compare
 
 Inputs = tuple[torch.Tensor, ...]
 

@@ -16,9 +16,9 @@ from typing import Any
 from rich.table import Table
 
 from backends.common.files import atomic_path, atomic_write
-from chain import columns
 from chain.bench.harness import Result
-from chain.columns import Column
+from chain.report import columns
+from chain.report.columns import Column
 
 FIELDS = (
     "model", "candidate", "kind", "status", "median_ms", "iqr_ms", "speedup", "compile_s",

@@ -26,15 +26,15 @@ from torch.utils import _pytree as pytree
 
 from backends.common.parts import ExportedParts, ExportRequest, Part
 from backends.registry import registry
-from chain.accuracy import reduction_lengths
-from chain.core import Chain
 from chain.deploy import ops
 from chain.deploy.capture import capture
 from chain.deploy.stitch import stitch
-from chain.fp64 import fp64_reference
-from chain.records import GraphRecord
-from chain.report import Report
-from chain.verify import compare
+from chain.judge.accuracy import reduction_lengths
+from chain.judge.fp64 import fp64_reference
+from chain.judge.verify import compare
+from chain.report.records import GraphRecord
+from chain.report.report import Report
+from chain.select.core import Chain
 
 DEFAULT_BACKENDS = ("tensorrt", "onnxruntime", "eager")
 

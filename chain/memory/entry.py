@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from chain import json_fields as jf
-from chain.records import Attempt, Status
+from chain.report import json_fields as jf
+from chain.report.records import Attempt, Status
 
 FORMAT = 1
 SIGNING_KEY_ENV = "CHAIN_MEMORY_KEY"
@@ -110,7 +110,7 @@ def _count(value: Any, what: str) -> int:
 
 def _extra(value: Any) -> dict[str, Any]:
     """The decision's `extra`, the fields the chain reads checked: origin and fingerprint
-    text, eager_errors a list of numbers or nulls, buckets a list (chain.buckets checks each)."""
+    text, eager_errors a list of numbers or nulls, buckets a list (chain.run.buckets checks each)."""
     extra = dict(jf.mapping(value, "decision: extra"))
     for name in ("origin", "fingerprint"):
         jf.optional_text(extra.get(name), f"decision: extra.{name}")

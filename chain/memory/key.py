@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from chain import graphinfo
+from chain.report import graphinfo
 
 FORMAT = 1  # bump when the key's ingredients change meaning
 

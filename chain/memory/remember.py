@@ -22,13 +22,13 @@ from torch import fx
 from backends.errors import InvalidOption
 from backends.options import BadValue
 from backends.registry import offered_artefact
-from chain import options
-from chain.json_fields import short
 from chain.memory import artefacts
 from chain.memory.entry import BadEntry, Decision, decode, encode, signing_key
 from chain.memory.key import digest, key_parts
 from chain.memory.stores import STORE_ENV, RedisStore, Store, StoreUnavailable, open_store
-from chain.records import Attempt, GraphRecord, Status
+from chain.report.json_fields import short
+from chain.report.records import Attempt, GraphRecord, Status
+from chain.select import options
 
 
 class MemoryWarning(UserWarning):
@@ -184,7 +184,7 @@ class Memory:
         return f"memory: decision {recall.key} forgotten: {why}; the next process selects again"
 
     def remember_buckets(self, recall: Recall, buckets: list[dict[str, Any]]) -> str | None:
-        """Keep a graph's bucket decisions (chain.buckets.remembered) with its decision, in
+        """Keep a graph's bucket decisions (chain.run.buckets.remembered) with its decision, in
         `extra["buckets"]`; a note when they could not be (no entry, store down, refused)."""
         store = self.store()
         if recall.key is None or store is None:

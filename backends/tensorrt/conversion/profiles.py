@@ -1,5 +1,5 @@
 """TensorRT optimization profiles per bucket range: min/opt/max of every input, from
-dynamo's symbol ranges and the shapes that turned hot (chain.buckets).
+dynamo's symbol ranges and the shapes that turned hot (chain.run.buckets).
 
 One profile per hot shape: each symbol's range runs from just above the next smaller hot
 size (or the symbol's lower bound) up to the hot size itself, which is also the size

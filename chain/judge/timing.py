@@ -1,0 +1,480 @@
+"""Latency of several callables on the same inputs, without bias by position, and a verdict
+for each against the baseline that says when it cannot tell.
+
+Measured on CPU: whatever is timed right after an ONNX Runtime call runs ~25 us slower, so
+single calls interleaved in a fixed order made eager read 0.62x or 1.55x of itself. Here
+each round runs the candidates in a fresh random order, each in a block: one untimed
+lead-in call (it absorbs the switch from another runtime), then back-to-back timed calls
+filling ~`block_s`, CUDA-synchronized. A round gives one sample per candidate, and one
+paired ratio baseline/candidate (drift during the round hits both alike).
+
+Verdicts, from the 99% confidence interval of the paired ratio (order statistics of the
+median, so one stalled round cannot decide anything): `faster` (the interval above 1 and
+the speedup over 1.01: the 2022 TorchDynamo autotuner's margin), `slower` (below 1, under
+0.99), `tie` (the interval within 3% of 1), else `undecided`. Rounds go on until every
+candidate is decided or the budget is spent; the caller treats undecided as a loss to the
+baseline (the eager floor). Each run carries its evidence (rounds, eager's own spread, the
+threads runnable machine-wide while timed, else the load average, compiles running in the
+process) and says when its figures are noisy; an implausible figure (over 50x on CPU, an
+interval wider than 10x) is timed once more first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import math
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backends import cancel
+from backends.errors import BackendExit
+from chain.report.records import FASTER, REFERENCE, SLOWER, TIED, UNDECIDED, TimingEvidence
+from chain.select.worker import Progress, RunTimeout, within
+
+Z = 2.576  # 99% two-sided: a tie is called a loss (or a win) in well under 1% of graphs
+TIE = 0.01  # a win or a loss must be by over 1%: ratios within 1% of 1 never decide one
+TIE_BAND = 0.03  # an interval within 3% of 1 is a decided tie (no loss, no win)
+MIN_ROUNDS = 12  # below ~12 rounds the 99% interval of a median is the whole range
+EAGER_SPREAD = 0.25  # eager's own rounds spread over 25% of their median: noisy
+BUSY_LIMIT = 1.0  # other threads runnable while timed, per CPU: at this, no core is ours
+LOAD_LIMIT = 1.25  # without that count (not Linux): the 1-minute load average per CPU
+WIDE = 10.0  # a speedup interval wider than this (hi / lo): noisy, and re-timed first
+IMPLAUSIBLE = {"cpu": 50.0, "cuda": 500.0}  # speedups re-timed before they are believed
+
+
+class TimingError(Exception):
+    """A candidate raised while being timed; `name` says which."""
+
+    def __init__(self, name: str, exc: Exception) -> None:
+        super().__init__(f"{name} raised while being timed: {exc}")
+        self.name = name
+        self.exc = exc
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One candidate's latency: median per call, the spread of that median, the speedup
+    over the baseline with its 99% confidence interval (paired by round) and the verdict
+    that interval gives; `rounds_s` are its per-call seconds, one per round."""
+
+    median_ms: float
+    spread_ms: float  # half-width of the 99% confidence interval of the median
+    samples: int  # timed blocks
+    speedup: float  # baseline median / this median
+    speedup_lo: float
+    speedup_hi: float
+    verdict: str = UNDECIDED
+    rounds_s: tuple[float, ...] = ()
+    evidence: TimingEvidence | None = None
+
+    @property
+    def slower(self) -> bool:
+        """Measurably slower than the baseline: the whole interval below 1, by over 1%."""
+        return self.verdict == SLOWER
+
+    @property
+    def faster(self) -> bool:
+        """Measurably faster than the baseline: the whole interval above 1, by over 1%."""
+        return self.verdict == FASTER
+
+    def interval(self) -> str:
+        """The speedup with its interval: `1.45x (99% CI 1.38-1.52x)`."""
+        return f"{self.speedup:.2f}x (99% CI {self.speedup_lo:.2f}-{self.speedup_hi:.2f}x)"
+
+    def describe(self) -> str:
+        return f"{self.median_ms:.3f} ± {self.spread_ms:.3f} ms, {self.interval()}"
+
+
+def verdict_of(speedup: float, lo: float, hi: float) -> str:
+    """faster, slower, tie or undecided: a speedup and its confidence interval against 1."""
+    if hi < 1.0 and speedup < 1.0 - TIE:
+        return SLOWER
+    if lo > 1.0 and speedup > 1.0 / (1.0 - TIE):
+        return FASTER
+    if lo >= 1.0 - TIE_BAND and hi <= 1.0 / (1.0 - TIE_BAND):
+        return TIED
+    return UNDECIDED
+
+
+def median_ci(values: Sequence[float], z: float = Z) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median (order statistics, binomial)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, round(n / 2 - half) - 1)
+    hi = min(n - 1, round(1 + n / 2 + half) - 1)
+    return ordered[lo], ordered[hi]
+
+
+def compare(base: Sequence[float], other: Sequence[float], z: float = Z) -> Timing:
+    """`other`'s timing against `base`, both per-call seconds of the same rounds."""
+    median = statistics.median(other)
+    lo, hi = median_ci(other, z)
+    ratios = [b / s for b, s in zip(base, other, strict=True)]
+    s_lo, s_hi = median_ci(ratios, z)
+    speedup = statistics.median(base) / median
+    return Timing(
+        median_ms=1000 * median,
+        spread_ms=1000 * (hi - lo) / 2,
+        samples=len(other),
+        speedup=speedup,
+        speedup_lo=s_lo,
+        speedup_hi=s_hi,
+        verdict=verdict_of(speedup, s_lo, s_hi),
+        rounds_s=tuple(other),
+    )
+
+
+def timings_of(
+    samples: Mapping[str, Sequence[float]], baseline: str, z: float = Z
+) -> dict[str, Timing]:
+    """Every candidate's Timing from its per-round seconds; the baseline's is 1.0 exactly."""
+    out = {name: compare(samples[baseline], values, z) for name, values in samples.items()}
+    out[baseline] = dataclasses.replace(
+        out[baseline], speedup=1.0, speedup_lo=1.0, speedup_hi=1.0, verdict=REFERENCE
+    )
+    return out
+
+
+# -- compiles in flight: timing beside one measures the compile --------------------------
+
+_running: dict[int, str] = {}  # compile id -> backend name
+_ids = itertools.count(1)
+_changed = threading.Condition()
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def compiling(name: str, enclosing: tuple[int, ...] = ()) -> Iterator[None]:
+    """Mark a backend's compile in flight on this thread until it ends (abandoned or not):
+    a compile beside a timing run holds the GIL and the cores (seen: eager timed at 464 ms
+    a call, ~1 ms alone). `enclosing`: the compiles this one runs inside (`lineage()` of
+    the thread that started it), which a timing run inside it does not wait for."""
+    ident = next(_ids)
+    with _changed:
+        _running[ident] = name
+    previous = getattr(_local, "lineage", ())
+    _local.lineage = (*enclosing, ident)
+    try:
+        yield
+    finally:
+        _local.lineage = previous
+        with _changed:
+            del _running[ident]
+            _changed.notify_all()
+
+
+def lineage() -> tuple[int, ...]:
+    """The compiles this thread runs inside (a chain used as another chain's backend)."""
+    return getattr(_local, "lineage", ())
+
+
+def compiles_running(mine: tuple[int, ...] = ()) -> list[str]:
+    """The backends compiling now in this process, but those in `mine`."""
+    with _changed:
+        return [name for ident, name in _running.items() if ident not in mine]
+
+
+def quiet(timeout_s: float, mine: tuple[int, ...] = ()) -> list[str]:
+    """Wait up to `timeout_s` for other compiles to end; those still running."""
+    deadline = time.monotonic() + timeout_s
+    with _changed:
+        while others := [n for i, n in _running.items() if i not in mine]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return others
+            _changed.wait(left)
+    return []
+
+
+# -- the rounds -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how finely to time: the budget, warm-up calls, block length, rounds."""
+
+    budget_s: float = 0.2
+    warmup: int = 2
+    block_s: float = 1e-3
+    min_rounds: int = MIN_ROUNDS
+    max_rounds: int = 400
+    seed: int = 0
+    z: float = Z
+
+
+def _call(
+    name: str,
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    watch: Progress | None = None,
+    baseline: str | None = None,
+) -> None:
+    if watch is not None:  # under a deadline per call: say which call is in flight, since when
+        cancel.checkpoint()  # abandoned: stop rather than keep calling every candidate
+        watch.start(name, bounded=name != baseline)  # eager's calls: the floor, no deadline
+    try:
+        fn(*inputs)
+    except Exception as exc:
+        raise TimingError(name, exc) from exc
+    except SystemExit as exc:  # the candidate's failure, not the end of the process
+        raise TimingError(name, BackendExit(exc)) from exc
+
+
+def _sync_for(inputs: Sequence[Any]) -> Callable[[], None]:
+    devices = {x.device for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda}
+    if not devices:
+        return lambda: None
+
+    def sync() -> None:
+        for device in devices:
+            torch.cuda.synchronize(device)
+
+    return sync
+
+
+def measure(
+    fns: Mapping[str, Callable[..., Any]],
+    inputs: Sequence[Any],
+    *,
+    baseline: str,
+    budget_s: float = 0.2,
+    warmup: int = 2,
+    block_s: float = 1e-3,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = 400,
+    seed: int = 0,
+    z: float = Z,
+    stall_s: float | None = None,
+) -> dict[str, Timing]:
+    """Time every fn (baseline included) in randomly ordered rounds of short blocks, until
+    every one is decided against the baseline or `budget_s` is spent; an implausible figure
+    is timed once more. Every Timing carries the run's evidence.
+
+    `stall_s`: the longest any one call may take (compile_timeout_s); the timing then runs
+    in a worker thread (chain.select.worker) and a call that overruns it is a TimingError of its fn.
+    The baseline's calls (eager, the floor) have no deadline: abandoning them leaves no
+    fallback, and the reference already ran the graph to its end.
+    """
+    if baseline not in fns:
+        raise ValueError(f"baseline {baseline!r} is not among {sorted(fns)}")
+    plan = Plan(budget_s, warmup, block_s, min_rounds, max_rounds, seed, z)
+    run = functools.partial(_measured, fns, inputs, baseline, plan, lineage())
+    if stall_s is None:
+        return run()
+    watch = Progress()
+    try:
+        return within(
+            lambda: run(watch),
+            stall_s,
+            RunTimeout,
+            "in one call while timed",
+            thread_name="timing",
+            progress=watch,
+        )
+    except RunTimeout as exc:
+        raise TimingError(watch.name, exc) from None
+
+
+def _measured(
+    fns: Mapping[str, Callable[..., Any]],
+    inputs: Sequence[Any],
+    baseline: str,
+    plan: Plan,
+    mine: tuple[int, ...],
+    watch: Progress | None = None,
+) -> dict[str, Timing]:
+    """`measure` on this thread: the rounds, a re-timing if a figure is implausible, the
+    evidence; `mine`: the compiles the caller runs inside (not noise)."""
+    loads = [_load()]
+    compiles = compiles_running(mine)
+    start = time.perf_counter()
+    runnable: list[int] = []  # threads runnable machine-wide, once a round
+    with torch.no_grad():
+        calls = _calibrated(fns, inputs, baseline, plan, watch)
+        samples = _rounds(fns, inputs, baseline, plan, calls, watch, runnable)
+        timings = timings_of(samples, baseline, plan.z)
+        device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
+        retimed = 0
+        if implausible(timings, device):
+            retimed = 1
+            again = dataclasses.replace(plan, seed=plan.seed + 1)
+            runnable.clear()
+            samples = _rounds(fns, inputs, baseline, again, calls, watch, runnable)
+            timings = timings_of(samples, baseline, plan.z)
+    seconds = time.perf_counter() - start
+    loads.append(_load())
+    compiles += compiles_running(mine)
+    machine = Machine(loads, runnable, compiles)
+    evidence = _evidence(samples[baseline], timings, device, machine, retimed, seconds)
+    return {name: dataclasses.replace(t, evidence=evidence) for name, t in timings.items()}
+
+
+def _calibrated(
+    fns: Mapping[str, Callable[..., Any]],
+    inputs: Sequence[Any],
+    baseline: str,
+    plan: Plan,
+    watch: Progress | None,
+) -> dict[str, int]:
+    """Warm every fn up; how many calls fill one block of each."""
+    sync = _sync_for(inputs)
+    calls: dict[str, int] = {}
+    for name, fn in fns.items():
+        for _ in range(plan.warmup):
+            _call(name, fn, inputs, watch, baseline)
+        sync()
+        start = time.perf_counter()
+        _call(name, fn, inputs, watch, baseline)
+        sync()
+        once = time.perf_counter() - start
+        calls[name] = max(1, min(1000, math.ceil(plan.block_s / max(once, 1e-7))))
+    return calls
+
+
+def _rounds(
+    fns: Mapping[str, Callable[..., Any]],
+    inputs: Sequence[Any],
+    baseline: str,
+    plan: Plan,
+    calls: Mapping[str, int],
+    watch: Progress | None,
+    runnable: list[int],
+) -> dict[str, list[float]]:
+    """Rounds in a fresh random order until every fn is decided or the budget is spent;
+    the threads runnable machine-wide after each round go on `runnable` (where known)."""
+    sync = _sync_for(inputs)
+    order = list(fns)
+    rng = random.Random(plan.seed)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    deadline = time.perf_counter() + plan.budget_s
+    for rounds in range(1, plan.max_rounds + 1):
+        rng.shuffle(order)
+        for name in order:
+            fn = fns[name]
+            _call(name, fn, inputs, watch, baseline)  # lead-in: pays for the switch
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                _call(name, fn, inputs, watch, baseline)
+            sync()
+            samples[name].append((time.perf_counter() - start) / calls[name])
+        if (now := running_threads()) is not None:
+            runnable.append(now)
+        if rounds >= plan.min_rounds and (
+            time.perf_counter() > deadline or decided(samples, baseline, plan.z)
+        ):
+            break
+    return samples
+
+
+def decided(samples: Mapping[str, Sequence[float]], baseline: str, z: float = Z) -> bool:
+    """Every candidate is faster, slower or tied against the baseline."""
+    return all(
+        compare(samples[baseline], values, z).verdict != UNDECIDED
+        for name, values in samples.items()
+        if name != baseline
+    )
+
+
+def implausible(timings: Mapping[str, Timing], device: str) -> list[str]:
+    """The figures not to believe unchecked: a speedup over IMPLAUSIBLE[device], or an
+    interval wider than WIDE (its high end over WIDE times its low end)."""
+    limit = IMPLAUSIBLE.get(device, IMPLAUSIBLE["cpu"])
+    out = []
+    for name, t in timings.items():
+        if t.verdict == REFERENCE:
+            continue
+        if t.speedup > limit:
+            out.append(f"{name} at {t.speedup:.0f}x (over {limit:g}x on {device})")
+        elif t.speedup_hi > WIDE * max(t.speedup_lo, 1e-12):
+            out.append(f"{name}'s interval {t.speedup_lo:.2f}-{t.speedup_hi:.2f}x (over {WIDE:g}x)")
+    return out
+
+
+def running_threads() -> int | None:
+    """Threads runnable now, machine-wide, this one included (Linux: /proc/loadavg's
+    fourth field); None elsewhere. Unlike the 1-minute load average it does not lag: a
+    compile that ended seconds ago is not counted."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):  # not Linux, or not its format
+        return None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the machine did around a timing run: load averages at its start and end, the
+    threads runnable after each round, the compiles running in this process."""
+
+    loads: Sequence[float | None]
+    runnable: Sequence[int]
+    compiles: Sequence[str]
+
+
+def _load() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this platform
+        return None
+
+
+def _evidence(
+    eager: Sequence[float],
+    timings: Mapping[str, Timing],
+    device: str,
+    machine: Machine,
+    retimed: int,
+    seconds: float,
+) -> TimingEvidence:
+    """What the run saw, and why its figures may not hold (`noisy`): eager's own rounds
+    spread, other threads wanting the cores (runnable while timed; where that count is
+    unknown, the load average), compiles beside it, an implausible figure."""
+    cpus = os.cpu_count() or 1
+    spread = _spread(eager)
+    seen = [x for x in machine.loads if x is not None]
+    load = max(seen) / cpus if seen else None
+    others = statistics.median(machine.runnable) - 1 if machine.runnable else None
+    busy = None if others is None else max(others, 0.0) / cpus
+    noisy = []
+    if spread > EAGER_SPREAD:
+        noisy.append(f"eager's own rounds spread {spread:.0%} of their median")
+    if busy is not None and busy >= BUSY_LIMIT:
+        noisy.append(f"{others:g} other threads runnable on {cpus} CPUs while timed")
+    elif busy is None and load is not None and load > LOAD_LIMIT:
+        noisy.append(f"machine load {max(seen):.1f} on {cpus} CPUs")
+    if machine.compiles:
+        noisy.append(f"compiling meanwhile: {', '.join(sorted(set(machine.compiles)))}")
+    noisy += implausible(timings, device)
+    return TimingEvidence(
+        rounds=len(eager),
+        seconds=round(seconds, 6),
+        eager_spread=round(spread, 6),
+        load=None if load is None else round(load, 4),
+        cpus=cpus,
+        busy=None if busy is None else round(busy, 4),
+        retimed=retimed,
+        noisy=tuple(noisy),
+    )
+
+
+def _spread(values: Sequence[float]) -> float:
+    """Interquartile range over median: how much a timing run's rounds disagree."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    median = statistics.median(values)
+    return (q3 - q1) / median if median > 0 else 0.0

@@ -1,4 +1,0 @@
-"""Ways to look at what the chain did: an HTML report, structured-trace artifacts, repros.
-
-This part reads records (chain.records, chain.report); it never imports chain.core.
-"""

@@ -1,0 +1,338 @@
+"""The report: every graph's record, a summary, and its forms (JSON file, table, markdown, CSV)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from backends.common.files import UnsafeFile, atomic_write, read_bounded
+from chain.report import json_fields as jf
+from chain.report.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
+from chain.report.json_fields import deeper_than, short
+from chain.report.records import FAILURES, REFERENCE, Attempt, GraphRecord, Status
+
+if TYPE_CHECKING:
+    from chain.run.buckets.stats import Bucket
+
+log = logging.getLogger("chain")
+
+VERSION = 2  # 2: per attempt error, eager_error, error_ratio, spread_ms; eager_spread_ms
+READABLE = (1, 2)  # version 1 files load with those fields empty
+
+
+class ReportError(ValueError):
+    """A report file that cannot be read: missing, not JSON, or not shaped like a report."""
+
+
+ATTEMPT_COLUMNS: tuple[Column[tuple[GraphRecord, Attempt]], ...] = (
+    Column("graph", lambda ga: ga[0].id),
+    Column("backend", lambda ga: ga[1].backend),
+    Column("status", lambda ga: ga[1].status.value),
+    Column("compile s", lambda ga: ga[1].compile_s, ".2f", numeric=True),
+    Column("latency ms", lambda ga: ga[1].latency_ms, ".3f", numeric=True),
+    Column("speedup", lambda ga: ga[1].speedup, ".2f", numeric=True),
+    Column("max err", lambda ga: ga[1].max_abs_err, ".1e", numeric=True),
+    Column("err/eager", lambda ga: ga[1].error_ratio, ".2f", numeric=True),
+    Column("reason", lambda ga: ga[1].reason, wrap=True, stretch=True),
+)
+
+
+def against_eager(attempt: Attempt) -> str | None:
+    """The speed verdict with its 99% interval: `faster 1.38-1.52x`, `reference` for eager
+    itself; None when not timed."""
+    if attempt.verdict is None:
+        return None
+    if attempt.speedup_lo is None or attempt.speedup_hi is None or attempt.verdict == REFERENCE:
+        return attempt.verdict
+    return f"{attempt.verdict} {attempt.speedup_lo:.2f}-{attempt.speedup_hi:.2f}x"
+
+
+def timing_text(record: GraphRecord) -> str | None:
+    """How the graph's figures were timed, `noisy: why` first when they may not hold."""
+    timing = record.timing
+    return None if timing is None else str(timing)
+
+
+def noise_flag(record: GraphRecord) -> str | None:
+    """The tables' short form: `noisy: why` when the figures may not hold, else `ok`."""
+    timing = record.timing
+    if timing is None:
+        return None
+    return f"noisy: {'; '.join(timing.noisy)}" if timing.noisy else f"ok ({timing.rounds} rounds)"
+
+
+def recompile_text(record: GraphRecord) -> str | None:
+    """`graph N: why` for a recompile (why: dynamo's failed guard), None for a first compile."""
+    if record.recompiles is None:
+        return None
+    return f"graph {record.recompiles}: {record.recompile_reason or 'reason not recorded'}"
+
+
+GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
+    Column("graph", lambda g: g.id),
+    Column("origin", lambda g: g.origin, wrap=True),
+    Column("nodes", lambda g: g.num_nodes),
+    Column("eager ms", lambda g: g.eager_ms, ".3f"),
+    Column("winner", lambda g: g.winner, wrap=True),
+    Column("timing", noise_flag, wrap=True),
+    Column("recompiles", recompile_text, wrap=True),
+    Column("notes", lambda g: g.notes, lambda notes: "; ".join(notes), wrap=True),
+)
+
+
+def _decided(bucket: Bucket) -> str:
+    """Where a bucket was decided: `here`, or `remembered <when>` (chain.memory)."""
+    if bucket.remembered is None:
+        return "here"
+    return f"remembered {bucket.remembered.get('decided_at') or ''}".rstrip()
+
+
+BUCKET_COLUMNS: tuple[Column[tuple[GraphRecord, Bucket]], ...] = (
+    Column("graph", lambda gb: gb[0].id),
+    Column("shape", lambda gb: gb[1].shape, wrap=True),
+    Column("state", lambda gb: gb[1].state),
+    Column("winner", lambda gb: gb[1].winner or f"general:{gb[1].general}"),
+    Column("calls", lambda gb: gb[1].calls, numeric=True),
+    Column(
+        "speedup",
+        lambda gb: gb[1].speedup,
+        lambda v: "-" if v is None else f"{v:.2f}x",
+        numeric=True,
+    ),
+    Column("decided", lambda gb: _decided(gb[1])),
+    Column("reason", lambda gb: gb[1].reason, wrap=True, stretch=True),
+)
+_STYLES = {
+    Status.WON: "bold green",
+    Status.SLOWER: "yellow",
+    Status.NOT_TRIED: "dim",
+    Status.UNAVAILABLE: "dim",
+}
+
+
+MAX_BYTES = 64 << 20  # a report of thousands of graphs is a few MiB
+MAX_DEPTH = 64  # a report nests about 6 deep; `details` and `inputs` a little more
+
+
+def _read(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a regular file of at most MAX_BYTES; anything else is a ReportError.
+
+    Read through the file layer (files.read_bounded): opened without blocking and checked on
+    the open descriptor, so a FIFO put in place of the file cannot hang the reader, nor a
+    link to /dev/zero fill memory. A symlink the user names is followed to its target.
+    """
+    try:
+        return read_bounded(path, MAX_BYTES, follow_symlinks=True)
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file") from None
+    except UnsafeFile as e:
+        raise ReportError(str(e)) from None
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _parse(path: str | os.PathLike[str], raw: bytes) -> Any:
+    """JSON from `raw`; bare NaN and Infinity are still read (older writers emitted them)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ReportError(f"{path}: not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: not valid JSON (truncated?): {e}") from None
+    except RecursionError:
+        raise ReportError(f"{path}: nested too deeply to be a report") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise ReportError(f"{path}: not valid JSON: {e}") from None
+    if deeper_than(data, MAX_DEPTH):
+        raise ReportError(f"{path}: nested more than {MAX_DEPTH} deep: not a report")
+    return data
+
+
+@dataclass(frozen=True)
+class Report:
+    """All graph records of one chain, in compile order."""
+
+    graphs: list[GraphRecord] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Graphs per winner, and eager time over winner time summed over the measured graphs."""
+        winners = Counter(g.winner or "none" for g in self.graphs)
+        eager = winner = 0.0
+        for g in self.graphs:
+            won = g.winning_attempt
+            if g.eager_ms is not None and won is not None and won.latency_ms is not None:
+                eager += g.eager_ms
+                winner += won.latency_ms
+        return {
+            "graphs": len(self.graphs),
+            "winners": dict(winners.most_common()),
+            "noisy": sum(g.noisy for g in self.graphs),  # graphs whose figures may not hold
+            "eager_ms": round(eager, 6) if winner else None,
+            "winner_ms": round(winner, 6) if winner else None,
+            "speedup": round(eager / winner, 4) if winner else None,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as standard JSON values: a NaN or infinite figure as a string."""
+        return jf.standard(
+            {
+                "version": VERSION,
+                "graphs": [g.to_dict() for g in self.graphs],
+                "summary": self.summary(),
+            }
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write JSON atomically: a crash leaves the old file or the new one, never half.
+
+        The file gets the usual permissions (0666 less the umask, as `open()` gives); an
+        existing file keeps its own. Only a regular file is replaced: a symlink, FIFO,
+        device or folder at `path` is UnsafeFile (an OSError), left as it was. A missing
+        directory is created, and a warning on the `chain` logger names it.
+        """
+        target = Path(path)
+        if not target.parent.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            log.warning("Report.save: created the missing directory %s", target.parent)
+        return atomic_write(target, jf.dumps(self.to_dict(), indent=2, default=str))
+
+    def save_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as one self-contained HTML page (chain.report.look.html)."""
+        from chain.report.look import html
+
+        return html.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Report:
+        """Read a saved report; ReportError says what is wrong with the file, in one line.
+
+        The file may be hostile: a FIFO or device is refused before it is read (it could
+        block forever), a file over MAX_BYTES before it is read, nesting deeper than
+        MAX_DEPTH and fields of the wrong type after.
+        """
+        data = _parse(path, _read(path))
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "report") -> Report:
+        if not isinstance(data, dict) or "graphs" not in data:
+            raise ReportError(f"{source}: not a backend-chain report (no 'graphs' key)")
+        if data.get("version") not in READABLE:
+            raise ReportError(
+                f"{source}: report version {short(data.get('version'))}, "
+                f"expected one of {', '.join(map(str, READABLE))}"
+            )
+        if not isinstance(data["graphs"], list):
+            raise ReportError(f"{source}: 'graphs' should be a list, got {short(data['graphs'])}")
+        try:
+            return cls([GraphRecord.from_dict(g) for g in data["graphs"]])
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            raise ReportError(
+                f"{source}: malformed graph record: {type(e).__name__}: {e}"
+            ) from None
+
+    # -- views --------------------------------------------------------------------------
+
+    HEADERS = tuple(c.name for c in ATTEMPT_COLUMNS)
+    GRAPH_HEADERS = tuple(c.name for c in GRAPH_COLUMNS)
+
+    def attempts(self, failures_only: bool = False) -> list[tuple[GraphRecord, Attempt]]:
+        """(graph, attempt) for every attempt, or only the failed ones: one row each."""
+        return [
+            (g, a)
+            for g in self.graphs
+            for a in g.attempts
+            if not failures_only or a.status in FAILURES
+        ]
+
+    def rows(self, failures_only: bool = False) -> list[list[str]]:
+        """One row per attempt: graph, backend, status, the figures and the reason."""
+        return texts(ATTEMPT_COLUMNS, self.attempts(failures_only))
+
+    def graph_rows(self) -> list[list[str]]:
+        """One row per graph: where it came from, its size, eager's latency and the winner."""
+        return texts(GRAPH_COLUMNS, self.graphs)
+
+    def summary_line(self) -> str:
+        s = self.summary()
+        winners = ", ".join(f"{printable(k)}: {v}" for k, v in s["winners"].items()) or "none"
+        line = f"{s['graphs']} graph(s); winners: {winners}"
+        if s["speedup"] is not None:
+            line += (
+                f"; eager {s['eager_ms']:.3f} ms / winners {s['winner_ms']:.3f} ms "
+                f"= {s['speedup']:.2f}x"
+            )
+        if s["noisy"]:
+            line += f"; {s['noisy']} noisy graph(s): their figures may not hold"
+        return line
+
+    def table(self, failures_only: bool = False) -> Group:
+        """Rich tables: the graphs, then their attempts (all, or only the failures)."""
+        graphs = rich_table(
+            GRAPH_COLUMNS, title="backend-chain report: graphs", title_justify="left"
+        )
+        for graph in self.graphs:
+            graphs.add_row(*cells(GRAPH_COLUMNS, graph))
+        attempts = rich_table(
+            ATTEMPT_COLUMNS,
+            title="attempts",
+            title_justify="left",
+            caption=self.summary_line(),
+            caption_justify="left",
+        )
+        for row in self.attempts(failures_only):
+            attempts.add_row(*cells(ATTEMPT_COLUMNS, row), style=_STYLES.get(row[1].status, "red"))
+        buckets = self.buckets_table()
+        return Group(graphs, attempts, *([buckets] if buckets is not None else []))
+
+    def buckets(self) -> list[tuple[GraphRecord, Bucket]]:
+        """(graph, bucket) for every per-shape bucket (chain.run.buckets): one row each."""
+        return [(g, b) for g in self.graphs if g.buckets for b in g.buckets.buckets]
+
+    def bucket_rows(self) -> list[list[str]]:
+        """One row per bucket: graph, shape, state, who serves it, calls, speedup, where it
+        was decided and why it lost (the table, markdown and HTML read these columns)."""
+        return texts(BUCKET_COLUMNS, self.buckets())
+
+    def buckets_table(self) -> Table | None:
+        """The graphs' per-shape buckets (chain.run.buckets), one row each; None when none."""
+        rows = self.buckets()
+        if not rows:
+            return None
+        table = rich_table(BUCKET_COLUMNS, title="buckets", title_justify="left")
+        for row in rows:
+            table.add_row(*cells(BUCKET_COLUMNS, row))
+        return table
+
+    def render(self, failures_only: bool = False, width: int = 120) -> str:
+        """The tables as plain text (what `str(report)` prints)."""
+        console = Console(file=io.StringIO(), width=width, force_terminal=False)
+        console.print(self.table(failures_only))
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    def to_markdown(self, failures_only: bool = False) -> str:
+        """GitHub-flavoured markdown: the graphs table, the attempts table, the summary."""
+        lines = [
+            *markdown(GRAPH_COLUMNS, self.graph_rows()),
+            "",
+            *markdown(ATTEMPT_COLUMNS, self.rows(failures_only)),
+        ]
+        if buckets := self.bucket_rows():
+            lines += ["", *markdown(BUCKET_COLUMNS, buckets)]
+        return "\n".join(lines) + f"\n\n{self.summary_line()}\n"
+
+    def to_csv(self, failures_only: bool = False) -> str:
+        """CSV: one line per attempt, the attempts table's columns with raw values."""
+        return to_csv(ATTEMPT_COLUMNS, self.attempts(failures_only))
+
+    def __str__(self) -> str:
+        return self.render()

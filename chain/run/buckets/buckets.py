@@ -1,0 +1,332 @@
+"""Per-shape buckets: a graph with symbolic sizes keeps its general winner, and each shape
+that turns hot gets the chain's fixed-shape candidates compiled for it, verified and timed
+against the general path like any candidate; the fastest serves that shape if it beats it.
+
+The guard asks `pick` on every call: one key built from the call's sizes and one dict
+lookup. Counting, building, eviction and demotion happen here; what to build with (the
+reference run, one attempt, the speed rules) comes from the chain as a `Selection`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import fx
+
+from backends.errors import one_line
+from backends.registry import Backend
+from chain.judge.speed import SpeedRules
+from chain.judge.timing import FASTER, Timing, compare
+from chain.report.records import Attempt, Status
+from chain.run.buckets import footprint
+from chain.run.buckets.remembered import Remembered, entry
+from chain.run.buckets.shapes import Key, ShapeKey, specialize
+from chain.run.buckets.stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
+from chain.run.watch import Watch
+from chain.select.attempt import Reference
+
+log = logging.getLogger("chain")
+
+Fn = Callable[..., Any]
+MAX_SEEN = 1024  # shapes counted at once; past it the counts restart (a flood of cold shapes)
+QUIET_S = 120.0  # a bucket's timing waits this long for other compiles to end (seen: 35-50 s)
+
+
+class General(Protocol):
+    """The guard, as the buckets see it: the general path now in use."""
+
+    @property
+    def fn(self) -> Fn: ...
+
+    @property
+    def winner(self) -> str: ...
+
+    def bucket_watch(self, winner: str) -> Watch | None:
+        """The run-time checks for a bucket won by `winner` (as for a general winner)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chain's means to build a bucket: eager's reference on concrete inputs, one
+    attempt of a backend, the fixed-shape candidates for a general winner, the speed rules,
+    strictness, and a hook that saves the report."""
+
+    reference: Callable[[fx.GraphModule, list[Any]], tuple[Reference, list[str]]]
+    attempt: Callable[[Backend, fx.GraphModule, list[Any], Reference], tuple[Attempt, Fn | None]]
+    candidates: Callable[[str], list[Backend]]
+    speed: SpeedRules
+    strict: bool
+    saved: Callable[[], None]
+    # stores the graph's bucket decisions with its remembered decision (chain.memory)
+    kept: Callable[[list[dict[str, Any]]], None] | None = None
+
+
+class Buckets:
+    """One graph's buckets: counts calls per shape, builds hot ones, serves the winners.
+
+    Thread safety: counts are plain dict writes (a lost increment only delays a build); one
+    build at a time per graph, taken without waiting, so calls made meanwhile (and every
+    other shape) run the general path.
+    """
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        key: ShapeKey,
+        stats: BucketStats,
+        selection: Selection,
+        remembered: dict[Key, Remembered] | None = None,
+    ) -> None:
+        self.gm = gm
+        self.key = key
+        self.stats = stats
+        self.selection = selection
+        self.after = stats.bucket_after
+        self.served: dict[Key, tuple[Fn, Bucket, Watch | None]] = {}
+        self.seen: dict[Key, int] = {}
+        self.done: set[Key] = set()  # shapes not to build again: lost or demoted
+        self.building = threading.Lock()
+        # decided in an earlier process: built on a shape's first sight (chain.memory)
+        self.remembered = dict(remembered or {})
+        self.kept = {k: r.entry for k, r in self.remembered.items()}  # what the store holds
+
+    def pick(self, args: Sequence[Any], general: General) -> tuple[Fn, Watch | None] | None:
+        """The bucket's callable and its run-time checks for this call's shape, or None for
+        the general path."""
+        key = self.key(args)
+        entry = self.served.get(key)
+        if entry is not None:
+            entry[1].calls += 1
+            return entry[0], entry[2]
+        n = self.seen.get(key, 0) + 1
+        if n == 1 and len(self.seen) >= MAX_SEEN:
+            self.seen.clear()
+        self.seen[key] = n
+        if key in self.done:
+            return None
+        if key in self.remembered and (n == 1 or n % self.after == 0):
+            self._build(key, n, args, general)
+            return None  # as for a bucket built here: this call takes the general path
+        if n % self.after:
+            return None
+        self._build(key, n, args, general)
+        return None  # the call that built it takes the general path
+
+    def demote(self, args: Sequence[Any], exc: Exception) -> None:
+        """The bucket of this call's shape raised or was caught wrong (`Demoted`): the general
+        path serves the shape from now on (recorded; raised again under strict)."""
+        key = self.key(args)
+        entry = self.served.pop(key, None)
+        if entry is not None:
+            bucket = entry[1]
+            bucket.state, bucket.reason = DEMOTED, f"at run time: {one_line(exc)}"
+            self.done.add(key)
+            log.warning("bucket %s (%s) failed at run time (%s); the general path serves it",
+                        bucket.shape, bucket.winner, one_line(exc))  # fmt: skip
+            if self.kept.pop(key, None) is not None:
+                self._keep()
+            self.selection.saved()
+        if self.selection.strict:
+            raise exc
+
+    def _build(self, key: Key, n: int, args: Sequence[Any], general: General) -> None:
+        """Build this shape's bucket unless another build runs; evict the least used when
+        full (only for a shape called more often than it)."""
+        if not self.building.acquire(blocking=False):
+            return
+        try:
+            if key in self.served or key in self.done:
+                return
+            uses = {k: b.before + b.calls for k, (_, b, _) in self.served.items()}
+            victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
+            full = len(self.served) >= self.stats.max_buckets
+            bound = self.stats.max_bucket_mb
+            if bound is not None and self.served:  # a new one as large as the largest
+                full = (
+                    full
+                    or self._mb() + max(b.mb or 0.0 for _, b, _ in self.served.values()) > bound
+                )
+            if full and victim is not None and uses[victim[0]] >= n:
+                return  # the least used bucket is used as much: try again later
+            bucket, fn = self._recalled(key, args, general)
+            fresh = bucket is None
+            if bucket is None:
+                bucket, fn = self._select(args, general)
+            bucket.before = n
+            self.stats.buckets.append(bucket)
+            if fn is not None and bound is not None and (bucket.mb or 0.0) > bound:
+                bucket.state, bucket.winner = LOST, None
+                bucket.reason = (
+                    f"its artefact, {bucket.mb:.1f} MiB, exceeds max_bucket_mb {bound:g}"
+                )
+                fn = None
+            if fresh and (why := self._not_decided(bucket)) is not None:
+                log.info("bucket %s: %s", bucket.shape, why)  # its attempts show the noise
+            elif fresh and (stored := entry(bucket, key, self.key)) is not None:
+                self.kept[key] = stored  # decided here: kept with the graph's decision
+                self._keep()
+            if fn is None:
+                self.done.add(key)
+            else:
+                if len(self.served) >= self.stats.max_buckets and victim is not None:
+                    self._evict(victim[0], f"least used of {self.stats.max_buckets} (max_buckets)")
+                self.served[key] = (fn, bucket, general.bucket_watch(bucket.winner or ""))
+                while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
+                    others = [k for k in self.served if k != key]
+                    least = min(
+                        others, key=lambda k: self.served[k][1].before + self.served[k][1].calls
+                    )
+                    self._evict(least, f"least used; {total:.1f} MiB over max_bucket_mb {bound:g}")
+            self.selection.saved()
+            return
+        finally:
+            self.building.release()
+
+    def _not_decided(self, bucket: Bucket) -> str | None:
+        """Why a bucket decided here is not remembered: under the eager floor, its timing
+        was noisy (a later process would serve a figure that may not hold)."""
+        noisy = bucket.noisy
+        if not self.selection.speed.eager_floor or not noisy:
+            return None
+        return f"not remembered: noisy timing ({'; '.join(noisy)})"
+
+    def _mb(self) -> float:
+        """The measured memory of the serving buckets (MiB; unmeasured ones count 0)."""
+        return sum(b.mb or 0.0 for _, b, _ in self.served.values())
+
+    def _evict(self, key: Key, reason: str) -> None:
+        """Stop serving `key`'s bucket: its shape is counted afresh and may be built again."""
+        _, old, _ = self.served.pop(key)
+        self.seen.pop(key, None)
+        old.state, old.reason = EVICTED, reason
+
+    def _keep(self) -> None:
+        """Hand the bucket decisions to the decision store, if it is on."""
+        if self.selection.kept is not None:
+            self.selection.kept(list(self.kept.values()))
+
+    def _recalled(
+        self, key: Key, args: Sequence[Any], general: General
+    ) -> tuple[Bucket | None, Fn | None]:
+        """A remembered bucket built alone: its winner compiled and verified against eager
+        now, the decision's figures kept. (None, None) when none is remembered for the
+        shape, or its winner cannot be built now (logged; the shape is then selected anew)."""
+        rem = self.remembered.pop(key, None)
+        if rem is None:
+            return None, None
+        shape = self.key.describe(args)
+        bucket = rem.bucket(shape)
+        if rem.state != SERVING:
+            return bucket, None  # the general path kept this shape: nothing to build
+        sel, inputs = self.selection, list(args)
+        backend = next((b for b in sel.candidates(general.winner) if b.name == rem.winner), None)
+        reference, _ = sel.reference(self.gm, inputs)
+        if backend is None or reference.outputs is None or not reference.runnable:
+            why = "not a candidate now" if backend is None else "eager's reference could not run"
+            log.warning("remembered bucket %s (%s) not built: %s", shape, rem.winner, why)
+            self.kept.pop(key, None)
+            return None, None
+        special = specialize(self.gm)
+        (attempt, fn), bucket.mb = footprint.measured(
+            inputs, lambda: sel.attempt(backend, special, inputs, reference)
+        )
+        where = {**rem.where(), "compiled": True}
+        bucket.attempts = [
+            dataclasses.replace(attempt, details={**attempt.details, "remembered": where})
+        ]
+        if fn is None:
+            log.warning("remembered bucket %s: %s failed now (%s: %s); selected anew",
+                        shape, rem.winner, attempt.status, attempt.reason)  # fmt: skip
+            self.kept.pop(key, None)
+            return None, None
+        return bucket, fn
+
+    @staticmethod
+    def _why_not(
+        best: Attempt | None, base: Timing, timings: dict[str, Timing], speed: SpeedRules
+    ) -> str | None:
+        """Why the fastest fixed-shape candidate does not serve the shape: not measurably
+        faster than the general path (by 1%, paired by round, 99% confidence; an undecided
+        one keeps the general path), or below the eager floor."""
+        if best is None:
+            return "no fixed-shape candidate passed"
+        if compare(base.rounds_s, timings[best.backend].rounds_s).verdict != FASTER:
+            return "no fixed-shape candidate beat the general path by 1%"
+        if (floor := speed.below_floor(best.backend, timings)) is not None:
+            return f"{best.backend}: {floor}"
+        return None
+
+    def _select(self, args: Sequence[Any], general: General) -> tuple[Bucket, Fn | None]:
+        """Compile, verify and time the fixed-shape candidates for this call's sizes against
+        the general path; the fastest serves the shape if it beats it by 1%."""
+        sel, inputs = self.selection, list(args)
+        winner, shape = general.winner, self.key.describe(args)
+        bucket = Bucket(shape=shape, state=LOST, winner=None, general=winner)
+        reference, _ = sel.reference(self.gm, inputs)
+        if reference.outputs is None or not reference.runnable:
+            bucket.reason = reference.unverified or "eager's reference could not run"
+            return bucket, None
+        special = specialize(self.gm)
+        attempts: list[Attempt] = []
+        fns: dict[str, Fn] = {}
+        sizes: dict[str, float | None] = {}
+        for backend in sel.candidates(winner):
+            (attempt, fn), sizes[backend.name] = footprint.measured(
+                inputs, lambda b=backend: sel.attempt(b, special, inputs, reference)
+            )
+            attempts.append(attempt)
+            if fn is not None:
+                fns[backend.name] = fn
+        if not fns:
+            bucket.attempts = attempts
+            bucket.reason = "no fixed-shape candidate passed"
+            return bucket, None
+        path = f"{GENERAL}{winner}"
+        fns[path] = general.fn
+        attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
+        # timed in the chain's harness once no other compile runs (QUIET_S at most)
+        speed = dataclasses.replace(sel.speed, quiet_s=QUIET_S)
+        attempts, timings = speed.time(attempts, fns, self.gm, reference)
+        if path not in fns:
+            bucket.attempts = attempts
+            bucket.reason = "the general path failed while timed on this shape"
+            return bucket, None
+        base = timings[path]
+        bucket.general_ms = base.median_ms
+        passing = [a for a in attempts if a.backend in fns and a.backend != path]
+        best = min(passing, key=lambda a: a.latency_ms or float("inf"), default=None)
+        why_not = self._why_not(best, base, timings, speed)
+        won = best is not None and why_not is None
+        keep = {path} | ({best.backend} if won and best is not None else set())
+        out = [
+            a
+            if a.backend in keep or a.status is not Status.WON
+            else dataclasses.replace(
+                a,
+                status=Status.SLOWER,
+                reason=f"{a.latency_ms:.3f} ms vs the general path's {base.median_ms:.3f} ms"
+                + (f": {_against(base, timings[a.backend])}" if a.backend in timings else ""),
+            )
+            for a in attempts
+        ]
+        bucket.attempts = out
+        if not won or best is None:
+            bucket.reason = why_not or "no fixed-shape candidate passed"
+            return bucket, None
+        bucket.state, bucket.winner = SERVING, best.backend
+        bucket.latency_ms = best.latency_ms
+        bucket.mb = sizes.get(best.backend)
+        bucket.speedup = base.median_ms / best.latency_ms if best.latency_ms else None
+        return bucket, fns[best.backend]
+
+
+def _against(base: Timing, timing: Timing) -> str:
+    """A candidate against the general path, paired by round: `slower, 0.21x (99% CI ...)`."""
+    against = compare(base.rounds_s, timing.rounds_s)
+    return f"{against.verdict}, {against.interval()}"
