@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from backends.cudagraphs import capture, refuse_unless_graphable
-from backends.inductor import config_patches
+from backends.inductor_config import config_patches
 from backends.registry import registry
 
 

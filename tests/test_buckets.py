@@ -21,7 +21,7 @@ import chain
 from backends.errors import InvalidOption
 from backends.registry import registry
 from chain.report.report import Report
-from chain.run.buckets.stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
+from chain.report.bucket_stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
 from tests.models import build_extra
 
 Fn = Callable[..., Any]
@@ -375,7 +375,7 @@ def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path:
 def _bucketed_report() -> Report:
     """A report with one graph and two buckets: one decided here, one remembered."""
     from chain.report.records import Attempt, GraphRecord
-    from chain.run.buckets.stats import Bucket
+    from chain.report.bucket_stats import Bucket
 
     won = Attempt("static_inductor", chain.Status.WON, "", latency_ms=0.5)
     here = Bucket("s0=16, l_x_ (2, 16)", SERVING, "static_inductor", "inductor", calls=7,

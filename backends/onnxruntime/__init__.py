@@ -21,22 +21,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import fx
-from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
 from backends import cancel
-from backends.common.fx_utils import refuse_training
 from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import LEVELS, session_options
 from backends.errors import Unsupported
 from backends.onnxruntime.artefact import from_artefact
 from backends.onnxruntime.deploy import export_parts, load_payload
+from backends.onnxruntime.facts import (
+    check_inference,
+    details,
+    device_of,
+    output_nodes,
+    output_specs,
+)
 from backends.onnxruntime.runtime import (
     Compiled,
     FrozenWeightChanged,
     OrtRunner,
-    OutputSpec,
     snapshot_frozen,
 )
 from backends.onnxruntime.session import (
@@ -44,7 +47,6 @@ from backends.onnxruntime.session import (
     available,
     create_session,
     default_providers,
-    provider_names,
     user_stream,
 )
 from backends.options import BadValue, Check, boolean, one_of, optional, threads
@@ -72,72 +74,6 @@ OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked
 }
 
 
-def _device_of(example_inputs: Sequence[object]) -> torch.device:
-    """The one device every tensor input lives on (cpu for a graph without tensors)."""
-    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
-    if len(devices) > 1:
-        raise Unsupported(f"inputs on several devices: {sorted(map(str, devices))}")
-    return devices.pop() if devices else torch.device("cpu")
-
-
-def _output_nodes(gm: fx.GraphModule) -> tuple[list[object], bool]:
-    """The graph's outputs, flat, and whether it returns one bare value (not a tuple)."""
-    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
-    if isinstance(out, tuple | list):
-        return list(out), False
-    return [out], True
-
-
-def _nhwc(value: torch.Tensor) -> bool:
-    """Whether an example output is channels_last (and not also contiguous), asked without
-    guards (`statically_known_true`: a symbolic size must not gain a guard): unknown is False."""
-    if value.dim() != 4:
-        return False
-    (_, c, h, w), (sn, sc, sh, sw) = value.shape, value.stride()
-    nhwc = all(map(known, (sc == 1, sw == c, sh == w * c, sn == h * w * c)))
-    return nhwc and not all(map(known, (sw == 1, sh == w, sc == h * w)))
-
-
-def _output_specs(outputs: Sequence[object]) -> list[OutputSpec]:
-    """Shape/dtype of each output from the graph's example values; raise on non-tensors."""
-    specs = []
-    for k, node in enumerate(outputs):
-        if isinstance(node, fx.Node):
-            value = node.meta.get("example_value", node.meta.get("val"))
-            if value is None:  # a graph traced without values: ORT allocates the output
-                specs.append(OutputSpec(None, None))
-                continue
-        else:
-            value = node
-        if not isinstance(value, torch.Tensor):
-            raise Unsupported(f"graph output {k} is a {type(value).__name__}, not a tensor")
-        static = all(isinstance(s, int) for s in value.shape)
-        specs.append(OutputSpec(tuple(value.shape) if static else None, value.dtype, _nhwc(value)))
-    return specs
-
-
-def check_inference(example_inputs: Sequence[object]) -> None:
-    """Refuse autograd graphs: ORT computes no gradients, so outputs would lose grad_fn."""
-    refuse_training(example_inputs, "ONNX Runtime computes no gradients")
-
-
-def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> dict[str, Any]:
-    """JSON-able facts for the chain's report."""
-    return {
-        "providers": session.get_providers(),
-        "requested_providers": provider_names(providers),
-        "opset": graph.opset,
-        "initializers": graph.num_initializers,
-        "frozen_inputs": list(graph.frozen),
-        "graph_inputs": list(graph.input_names),
-        "derived_symints": list(graph.derived),
-        "dynamic_dims": {str(k): list(v) for k, v in graph.dynamic_dims.items()},
-        "decomposed": list(graph.decomposed),
-        "mutated_inputs": list(graph.mutated),
-        "model_bytes": len(graph.model),
-    }
-
-
 def _compile(
     gm: fx.GraphModule,
     example_inputs: list[Any],
@@ -152,9 +88,9 @@ def _compile(
     """The runner for `gm`: from the `stored` export when given (no export), else exported."""
     options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
     check_inference(example_inputs)
-    device = _device_of(example_inputs)
-    outputs, single = _output_nodes(gm)
-    specs = _output_specs(outputs)
+    device = device_of(example_inputs)
+    outputs, single = output_nodes(gm)
+    specs = output_specs(outputs)
     chosen = list(providers) if providers is not None else default_providers(device)
 
     def build(inputs: Sequence[object], graph: OnnxGraph | None = None) -> Compiled:

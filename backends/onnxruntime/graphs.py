@@ -27,12 +27,12 @@ from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import element_type, session_options
 from backends.cudagraphs import refuse_unless_graphable
 from backends.errors import Unsupported
-from backends.onnxruntime import (
-    _device_of,
-    _output_nodes,
-    _output_specs,
+from backends.onnxruntime.facts import (
     check_inference,
     details,
+    device_of,
+    output_nodes,
+    output_specs,
 )
 from backends.onnxruntime.runtime import FrozenWeightChanged, OutputSpec, snapshot_frozen
 from backends.onnxruntime.session import (
@@ -160,9 +160,9 @@ def onnxruntime_graphed(
     del on_weight_change  # a captured graph cannot re-export: a changed weight always raises
     refuse_unless_graphable(gm, example_inputs)
     check_inference(example_inputs)
-    device = _device_of(example_inputs)
-    outputs, single = _output_nodes(gm)
-    specs = _output_specs(outputs)
+    device = device_of(example_inputs)
+    outputs, single = output_nodes(gm)
+    specs = output_specs(outputs)
     chosen = graphed_providers(
         list(providers) if providers is not None else default_providers(device)
     )

@@ -21,7 +21,7 @@ from chain.report.json_fields import deeper_than, short
 from chain.report.records import FAILURES, REFERENCE, Attempt, GraphRecord, Status
 
 if TYPE_CHECKING:
-    from chain.run.buckets.stats import Bucket
+    from chain.report.bucket_stats import Bucket
 
 log = logging.getLogger("chain")
 

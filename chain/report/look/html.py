@@ -15,9 +15,9 @@ from typing import Any
 
 from backends.common.files import atomic_write
 from chain.judge.accuracy import MULTIPLE
+from chain.report.bucket_stats import BucketStats
 from chain.report.records import REFERENCE, Attempt, GraphRecord, Status
 from chain.report.report import BUCKET_COLUMNS, Report, against_eager, recompile_text, timing_text
-from chain.run.buckets.stats import BucketStats
 
 NO_PLOTLY = (
     "Charts left out: plotly is not installed here "

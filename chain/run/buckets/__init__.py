@@ -7,8 +7,8 @@ timed against the general path, and the fastest serves that shape when it wins. 
 chain.select.core or chain.bench.
 """
 
+from chain.report.bucket_stats import Bucket, BucketStats
 from chain.run.buckets.buckets import Buckets, General, Selection
 from chain.run.buckets.shapes import ShapeKey, specialize
-from chain.run.buckets.stats import Bucket, BucketStats
 
 __all__ = ["Bucket", "BucketStats", "Buckets", "General", "Selection", "ShapeKey", "specialize"]

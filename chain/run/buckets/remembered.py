@@ -15,8 +15,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from chain.report.bucket_stats import LOST, SERVING, Bucket
 from chain.run.buckets.shapes import Key, ShapeKey
-from chain.run.buckets.stats import LOST, SERVING, Bucket
 
 FIGURES = ("latency_ms", "general_ms", "speedup")
 

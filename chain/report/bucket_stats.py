@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chain.report.records import Attempt, Status, merged_evidence
+from chain.report.attempts import Attempt, Status, merged_evidence
 
 # an entry's state: serving its shape, lost to the general path, evicted, or demoted
 SERVING, LOST, EVICTED, DEMOTED = "serving", "lost", "evicted", "demoted"
