@@ -110,7 +110,8 @@ def _count(value: Any, what: str) -> int:
 
 def _extra(value: Any) -> dict[str, Any]:
     """The decision's `extra`, the fields the chain reads checked: origin and fingerprint
-    text, eager_errors a list of numbers or nulls, buckets a list (chain.run.buckets checks each)."""
+    text, eager_errors a list of numbers or nulls, buckets a list (chain.run.buckets checks
+    each)."""
     extra = dict(jf.mapping(value, "decision: extra"))
     for name in ("origin", "fingerprint"):
         jf.optional_text(extra.get(name), f"decision: extra.{name}")

@@ -25,10 +25,16 @@ from backends.registry import offered_artefact
 from chain.memory import artefacts
 from chain.memory.entry import BadEntry, Decision, decode, encode, signing_key
 from chain.memory.key import digest, key_parts
-from chain.memory.stores import STORE_ENV, RedisStore, Store, StoreUnavailable, open_store
+from chain.memory.stores import (
+    STORE_ENV,
+    RedisStore,
+    Store,
+    StoreUnavailable,
+    check_store,
+    open_store,
+)
 from chain.report.json_fields import short
 from chain.report.records import Attempt, GraphRecord, Status
-from chain.select import options
 
 
 class MemoryWarning(UserWarning):
@@ -75,7 +81,7 @@ def check_environment(spec: str | os.PathLike[str] | None) -> None:
     text = os.environ.get(STORE_ENV) if spec is None else None
     if text:
         try:
-            options.store(text)
+            check_store(text)
         except BadValue as e:
             shown = short(RedisStore.redacted(text))
             raise InvalidOption(f"{STORE_ENV}={shown}: expected {e.expected}") from None

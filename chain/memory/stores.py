@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from backends.common.files import UnsafeFile, atomic_write, private_dir, read_bounded
+from backends.options import BadValue
 
 STORE_ENV = "CHAIN_STORE"  # a directory or redis:// URL
 CACHE_DIR_ENV = "CHAIN_CACHE_DIR"  # the cache root; decisions go in <root>/decisions
@@ -293,3 +294,19 @@ def open_store(spec: str | os.PathLike[str] | None = None) -> Store:
 def enabled_by_env() -> bool:
     """False when CHAIN_MEMORY says off ("0", "false", "no", "off")."""
     return os.environ.get(MEMORY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def check_store(value: Any) -> Any:
+    """Where decisions are remembered: a directory, or a redis:// (rediss://, unix://) URL."""
+    if not isinstance(value, str | os.PathLike):
+        raise BadValue("a directory or a redis://host:port/db URL")
+    text = os.fspath(value)
+    if not text:
+        raise BadValue("a directory or a redis://host:port/db URL, not empty")
+    if "://" in text and not text.startswith(("redis://", "rediss://", "unix://")):
+        raise BadValue(f"a directory or a redis://host:port/db URL; {text!r} is neither")
+    # the store's own checks, so that a bad URL fails here, not at the first call
+    redis_url = text.startswith(("redis://", "rediss://", "unix://"))
+    if redis_url and (problem := RedisStore.url_problem(text)):
+        raise BadValue(f"a usable redis URL; {RedisStore.redacted(text)!r}: {problem}")
+    return value

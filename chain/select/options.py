@@ -32,7 +32,7 @@ from backends.options import (
     optional,
 )
 from backends.registry import Backend
-from chain.memory.stores import RedisStore
+from chain.memory.stores import check_store
 
 MODES = ("first", "fastest")
 
@@ -107,22 +107,6 @@ def cuda_graphs(value: Any) -> str | bool:
     raise BadValue("'auto', True or False")
 
 
-def store(value: Any) -> Any:
-    """Where decisions are remembered: a directory, or a redis:// (rediss://, unix://) URL."""
-    if not isinstance(value, str | os.PathLike):
-        raise BadValue("a directory or a redis://host:port/db URL")
-    text = os.fspath(value)
-    if not text:
-        raise BadValue("a directory or a redis://host:port/db URL, not empty")
-    if "://" in text and not text.startswith(("redis://", "rediss://", "unix://")):
-        raise BadValue(f"a directory or a redis://host:port/db URL; {text!r} is neither")
-    # the store's own checks, so that a bad URL fails here, not at the first call
-    redis_url = text.startswith(("redis://", "rediss://", "unix://"))
-    if redis_url and (problem := RedisStore.url_problem(text)):
-        raise BadValue(f"a usable redis URL; {RedisStore.redacted(text)!r}: {problem}")
-    return value
-
-
 CHAIN_OPTIONS: dict[str, Check] = {
     "mode": one_of(*MODES),
     "verify": boolean,
@@ -140,7 +124,7 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "watch": boolean,
     "reverify_rate": number(low=0, high=1),
     "memory": optional(boolean),
-    "store": optional(store),
+    "store": optional(check_store),
     "bucket_after": optional(integer(low=1, high=1_000_000)),  # None: no buckets
     "max_buckets": integer(low=1, high=1024),
     "max_bucket_mb": optional(number(above=0, high=2**20)),  # MiB of serving buckets; a TiB
