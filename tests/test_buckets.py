@@ -20,8 +20,8 @@ from torch import fx, nn
 import chain
 from backends.errors import InvalidOption
 from backends.registry import registry
-from chain.report.report import Report
 from chain.report.bucket_stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
+from chain.report.report import Report
 from tests.models import build_extra
 
 Fn = Callable[..., Any]
@@ -374,8 +374,8 @@ def test_a_second_process_builds_the_remembered_buckets_on_first_sight(tmp_path:
 
 def _bucketed_report() -> Report:
     """A report with one graph and two buckets: one decided here, one remembered."""
-    from chain.report.records import Attempt, GraphRecord
     from chain.report.bucket_stats import Bucket
+    from chain.report.records import Attempt, GraphRecord
 
     won = Attempt("static_inductor", chain.Status.WON, "", latency_ms=0.5)
     here = Bucket("s0=16, l_x_ (2, 16)", SERVING, "static_inductor", "inductor", calls=7,

@@ -317,8 +317,8 @@ def _rounds(attempt: Attempt) -> str:
 def _weights_after_timing(attempts: list[Attempt], fns: Fns, reference: Reference) -> list[Attempt]:
     """The weights after the timed calls, as after each candidate's first run
     (`chain.select.isolation`): a change (undone where a snapshot was kept, else
-    WeightsDamaged) makes the candidates timed together a `mismatch`; they leave `fns`. One candidate is timed at a
-    time in `first` mode, so the reason names the one that did it."""
+    WeightsDamaged) makes the candidates timed together a `mismatch`; they leave `fns`. One
+    candidate is timed at a time in `first` mode, so the reason names the one that did it."""
     timed = [a.backend for a in attempts if a.backend in fns]
     if reference.watch is None or not timed:
         return attempts
