@@ -24,9 +24,9 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+import chain.deploy.ops as ops
 from backends.common.parts import ExportedParts, ExportRequest, Part
 from backends.registry import registry
-from chain.deploy import ops
 from chain.deploy.capture import capture
 from chain.deploy.stitch import stitch
 from chain.judge.accuracy import reduction_lengths

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+import chain.deploy.ops as ops
 from backends.common.files import read_bounded
 from backends.common.payload import (
     PayloadError,
@@ -44,7 +45,6 @@ from backends.common.payload import (
     unpack,
     verify_body,
 )
-from chain.deploy import ops
 from chain.deploy.program import LoadedProgram, as_loaded
 
 MAX_PROGRAM_BYTES = 64 << 30  # a bound, not a budget: refuses /dev/zero and growing files

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import fx
 
+import chain.deploy.ops  # noqa: F401  (registers backend_chain::run_payload)
 from backends.common.fx_utils import fetch_attr
 from backends.common.parts import Part
 from backends.common.payload import TensorSpec, digest, specs_to_str, to_tensor
-from chain.deploy import ops  # noqa: F401  (registers backend_chain::run_payload)
 
 PAYLOAD_PREFIX = "_chain_payload_"
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from torch import fx
 
+import chain.memory.artefacts as artefacts
 from backends.errors import InvalidOption
 from backends.options import BadValue
 from backends.registry import offered_artefact
-from chain.memory import artefacts
 from chain.memory.entry import BadEntry, Decision, decode, encode, signing_key
 from chain.memory.key import digest, key_parts
 from chain.memory.stores import (

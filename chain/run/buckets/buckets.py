@@ -18,13 +18,13 @@ from typing import Any, Protocol
 
 from torch import fx
 
+import chain.run.buckets.footprint as footprint
 from backends.errors import one_line
 from backends.registry import Backend
 from chain.judge.speed import SpeedRules
 from chain.judge.timing import FASTER, Timing, compare
 from chain.report.bucket_stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
 from chain.report.records import Attempt, Status
-from chain.run.buckets import footprint
 from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
 from chain.run.watch import Watch
