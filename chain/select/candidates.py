@@ -1,0 +1,254 @@
+"""Selection proper: eager's reference run, then each candidate in turn (compiled, run,
+verified, timed), with its CUDA-graphs variant where the stage applies."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from backends.common.versions import version
+from backends.registry import Backend
+from chain.judge.accuracy import reduction_lengths
+from chain.judge.fp64 import Later, fp64_reference
+from chain.judge.speed import EAGER, EAGER_REF
+from chain.judge.timing import Timing
+from chain.judge.verify import unchanged
+from chain.report import graphinfo
+from chain.report.look import progress
+from chain.report.records import Attempt, Status
+from chain.run.graphs import mark, prefer_graphed
+from chain.select.attempt import Reference, try_backend
+from chain.select.concrete import concretize
+from chain.select.isolation import Isolation
+
+
+class Candidates:
+    """Candidates methods of the Chain (chain.select.core.Chain): they read its options and
+    state as `self`."""
+
+    def _reference(
+        self,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        recorded: tuple[float | None, ...] | None = None,
+    ) -> tuple[Reference, list[str]]:
+        """Eager's outputs and the float64 ones to verify against, and notes on what limits
+        verification. The chain runs the graph on concrete values (`chain.select.concrete`), every
+        run on its own copies of all but the weights, which are watched (`chain.select.isolation`).
+        With `recorded` (a remembered decision's eager errors), float64 runs only if the
+        winner's quick check against eager needs it (`Reference.verdict`).
+
+        Nothing is copied back to `inputs`: the callable the chain returns is called by
+        dynamo (or by the guard, after a fallback) on the caller's real inputs, and that
+        one call applies the graph's writes once, as eager would.
+        """
+        concrete = concretize(inputs)
+        random = graphinfo.random_nodes(gm)
+        unverified = None
+        if concrete.why_not is not None:
+            unverified = f"not verified or timed: {concrete.why_not}"
+        elif not self.verify:
+            unverified = "not verified: verify=False"
+        elif random:
+            unverified = f"not verified: random ops ({'; '.join(map(str, random))})"
+        isolation = Isolation.of(gm, inputs)
+        reference = Reference(
+            outputs=None,
+            unverified=unverified,
+            tolerances=self.tolerances,
+            runs=concrete.values,
+            isolation=isolation,
+            reductions=reduction_lengths(gm),
+        )
+        notes = [unverified] if unverified else []
+        if concrete.symbolic and concrete.values is not None:
+            notes.append(
+                f"dynamic: {concrete.symbolic} symbolic size(s); run at this call's values"
+            )
+        if graphinfo.mutates_inputs(gm):
+            notes.append("mutates its inputs: eager and candidates ran on copies")
+        if concrete.values is None:
+            return reference, notes
+        watch = isolation.watch(concrete.values)
+        if not unverified:
+            ran = reference.inputs()
+            base = {i: version(t) for i, t in enumerate(ran) if isinstance(t, torch.Tensor)}
+            with torch.no_grad():
+                outputs = gm(*ran)
+            if (weights := watch.check("eager (the reference run)")) is not None:
+                notes.append(
+                    f"eager's reference run {weights}: the chain could not see "
+                    "that this graph writes it"
+                )
+            fp64, later = None, None
+            if recorded is not None:  # a remembered winner: float64 only if it needs it
+                later = Later(gm, reference.inputs())
+            else:
+                fp64, note = fp64_reference(gm, reference.inputs())
+                notes += [note] if note else []
+            after = {i: ran[i] for i in reference.copied() if isinstance(ran[i], torch.Tensor)}
+            wrote = frozenset(i for i, x in after.items() if not unchanged(x, concrete.values[i]))
+            reference = dataclasses.replace(
+                reference,
+                outputs=outputs,
+                fp64=fp64,
+                after=after,
+                after_base={i: base[i] for i in after},
+                wrote=wrote,
+                recorded=recorded,
+                later=later,
+            )
+        return dataclasses.replace(reference, watch=watch), notes
+
+    # -- candidates ---------------------------------------------------------------------
+
+    def _run_candidates(
+        self, gm: fx.GraphModule, inputs: list[Any], reference: Reference, start: int
+    ) -> tuple[list[Attempt], dict[str, Callable[..., Any]], Timing | None]:
+        """Attempts for backends[start:], the passing callables, and eager's timing."""
+        attempts: list[Attempt] = []
+        passed: dict[str, Callable[..., Any]] = {}
+        slow: dict[str, Callable[..., Any]] = {}  # below min_speedup: for the rescue
+        floored: dict[str, Callable[..., Any]] = {}  # measurably slower than eager
+        eager: Timing | None = None
+        shape = graphinfo.graph_hash(gm)
+        why_not_graphs = self.graphs.why_not(gm, inputs)
+        for backend in self.backends[start:]:
+            if passed and self.mode == "first":
+                attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
+                continue
+            attempt, fn = self._try(backend, backend, gm, inputs, reference)
+            now = graphinfo.graph_hash(gm)
+            if now != shape:  # the contract: the gm is read-only
+                shape = now
+                attempt = dataclasses.replace(
+                    attempt,
+                    status=Status.COMPILE_ERROR,
+                    error_type="ContractViolation",
+                    reason="mutated the graph module it was given (backends must not); "
+                    "later backends see the changed graph",
+                )
+                fn = None
+            if fn is not None and self._timed(reference) and self.mode == "first":
+                # timed at once: a candidate that fails while timed leaves room for the next
+                [attempt], timings = self.speed.time([attempt], {backend.name: fn}, gm, reference)
+                eager = timings[EAGER_REF]
+                attempt, fn = self.speed.judge(
+                    attempt, fn, self._last(backend), timings, slow, floored
+                )
+            if fn is not None:
+                passed[backend.name] = fn
+            attempts.append(mark(attempt))
+            verified = fn is not None or backend.name in slow or backend.name in floored
+            if verified and not attempts[-1].cuda_graphs:
+                lost = (slow, floored)
+                timed = self._try_graphed(
+                    backend, gm, inputs, reference, why_not_graphs, attempts, passed, lost
+                )
+                eager = timed or eager
+        if self._timed(reference) and passed and self.mode == "fastest":
+            attempts, timings = self.speed.time(attempts, passed, gm, reference)
+            eager = timings.get(EAGER_REF)
+        if self.mode == "fastest":
+            attempts = self.speed.pick_fastest(attempts, eager)
+        elif not passed:
+            attempts = self.speed.rescue_slower(attempts, slow, passed)
+        attempts = self.speed.explained(attempts)  # the winner's reason: its speed case
+        if self.speed.floor_needed(attempts):
+            attempts.append(self.speed.floor_attempt(eager))
+            passed[EAGER] = gm.forward
+        return attempts, passed, eager
+
+    def _try(
+        self,
+        compiler: Backend,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+    ) -> tuple[Attempt, Callable[..., Any] | None]:
+        """One attempt of `compiler` (a backend, or its CUDA graphs variant) with the
+        options the user gave `backend` and the chain's retries, timeout and strictness."""
+        with progress.working(
+            f"compiling and verifying {compiler.name} ({len(gm.graph.nodes)} nodes)"
+        ):
+            return try_backend(
+                compiler,
+                gm,
+                inputs,
+                reference,
+                options=self.options.get(backend.name, {}),
+                max_retries=self.max_retries,
+                # eager is the floor: abandoning its run leaves nothing to fall back on, and
+                # the reference already ran the same graph to its end on this thread
+                timeout_s=None if compiler.name == EAGER else self.compile_timeout_s,
+                strict=self.strict,
+            )
+
+    def _try_graphed(
+        self,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        why_not: tuple[Status, str] | None,
+        attempts: list[Attempt],
+        passed: dict[str, Callable[..., Any]],
+        lost: tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]],
+    ) -> Timing | None:
+        """The `cuda_graphs` stage for one verified candidate (see chain.graphs).
+
+        Appends the variant's attempt; returns eager's timing when it timed eager anew.
+        `lost` holds the candidates that lost on speed: (below min_speedup, below eager).
+        """
+        variant = self.graphs.variant(backend)
+        if variant is None:
+            return None
+        if why_not is not None:
+            if (refusal := self.graphs.refusal(variant, why_not)) is not None:
+                attempts.append(refusal)
+            return None
+        attempt, fn = self.graphs.tried(*self._try(variant, backend, gm, inputs, reference))
+        if fn is None or self.mode == "fastest":
+            attempts.append(attempt)
+            if fn is not None:
+                passed[variant.name] = fn
+            return None
+        plain, eager = attempts.pop(), None
+        if backend.name not in passed:  # plain lost on speed: the variant is timed on its own
+            if self._timed(reference):
+                [attempt], timings = self.speed.time([attempt], {variant.name: fn}, gm, reference)
+                eager = timings[EAGER_REF]
+                attempt, fn = self.speed.judge(attempt, fn, self._last(backend), timings, *lost)
+            if fn is not None:
+                passed[variant.name] = fn
+            attempts += [plain, attempt]
+            return eager
+        if self._timed(reference):
+            fns = {backend.name: passed[backend.name], variant.name: fn}
+            pair, timings = self.speed.time([plain, attempt], fns, gm, reference)
+            eager = timings[EAGER_REF]
+            plain, attempt = pair
+            if attempt.status is Status.WON and (
+                reason := self.speed.below_floor(attempt.backend, timings)
+            ):
+                attempt = dataclasses.replace(attempt, status=Status.SLOWER, reason=reason)
+        plain, attempt = prefer_graphed(plain, attempt)
+        for a, f in ((plain, passed.get(backend.name)), (attempt, fn)):
+            passed.pop(a.backend, None)
+            if a.status is Status.WON and f is not None:
+                passed[a.backend] = f
+        attempts += [plain, attempt]
+        return eager
+
+    def _last(self, backend: Backend) -> bool:
+        """The chain's last backend: exempt from min_speedup (it is the last resort)."""
+        return backend is self.backends[-1]
+
+    def _timed(self, reference: Reference) -> bool:
+        """Whether candidates are timed: measure=True and the graph can be run here."""
+        return self.measure and reference.runnable

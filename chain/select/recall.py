@@ -1,0 +1,133 @@
+"""A remembered decision at selection (chain.memory): compile its winner alone, or load
+its artefact, or keep a new one; and which decisions are not worth keeping."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+
+from backends.registry import Backend
+from chain.judge.speed import EAGER, not_decided
+from chain.memory import Recall, hit_note, miss_note, replay
+from chain.report.records import Attempt, GraphRecord, Status
+from chain.run.graphs import base_name
+from chain.select.attempt import Reference
+
+
+class Remembered:
+    """Remembered methods of the Chain (chain.select.core.Chain): they read its options and
+    state as `self`."""
+
+    def _tie_not_kept(self, record: GraphRecord) -> str | None:
+        """Why a decision is not remembered: under the eager floor, a winner whose measured
+        speedup is below 1 won a tie within the noise of this run, or the decision compared
+        speeds in a noisy or undecided timing (chain.judge.speed.not_decided); a hit skips
+        timing, so remembering it would keep a slower backend in every later process."""
+        won = record.winning_attempt
+        speedup = won.speedup if won is not None else None
+        if self.eager_floor and (why := not_decided(record)):
+            return f"memory: not remembered: {why}; the next process selects again"
+        if not self.eager_floor or speedup is None or speedup >= 1.0:
+            return None
+        return (
+            f"memory: not remembered: {record.winner} won at {speedup:.2f}x eager, within "
+            "the noise of this run; the next process selects again"
+        )
+
+    # -- per-shape buckets (chain.run.buckets) ----------------------------------------------
+
+    def _recalled(
+        self,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        recall: Recall,
+        record: GraphRecord,
+    ) -> tuple[tuple[Attempt, ...] | None, Callable[..., Any] | None, GraphRecord]:
+        """On a remembered decision: compile and verify its winner only (chain.memory).
+        Attempts None: no decision, or its winner failed now (noted; selection runs)."""
+        if (decision := recall.decision) is None:
+            return None, None, record
+        names = [b.name for b in self.backends]
+        if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
+            fresh, fn = decision.winning_attempt, gm.forward
+        elif base_name(decision.winner) in names:
+            backend = self.backends[names.index(base_name(decision.winner))]
+            variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
+            fresh, fn, note = self._from_artefact(backend, gm, inputs, reference, recall)
+            if note:
+                record = dataclasses.replace(record, notes=(*record.notes, note))
+            if fn is None:
+                fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
+        else:
+            fresh, fn = Attempt(decision.winner, Status.UNAVAILABLE, "not in this chain"), None
+        attempts = replay(recall, fresh) if fresh is not None and fn is not None else None
+        if attempts is None:
+            failed = fresh or Attempt(decision.winner, Status.COMPILE_ERROR, "no attempt")
+            note = miss_note(recall, failed)
+            return None, None, dataclasses.replace(record, notes=(*record.notes, note))
+        record = dataclasses.replace(
+            record,
+            notes=(*record.notes, hit_note(recall)),
+            eager_ms=decision.eager_ms,
+            eager_spread_ms=decision.eager_spread_ms,
+        )
+        return attempts, fn, record
+
+    def _from_artefact(
+        self,
+        backend: Backend,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        recall: Recall,
+    ) -> tuple[Attempt | None, Callable[..., Any] | None, str | None]:
+        """The remembered winner compiled from its stored artefact (chain.memory.artefacts):
+        its attempt and callable, or (None, None, why not) for a compile as usual."""
+        decision = recall.decision
+        if self.memory is None or decision is None or decision.winner != backend.name:
+            return None, None, None
+        if backend.reuse is None:
+            return None, None, None
+        data, note = self.memory.artefact(recall, backend.name, gm, inputs)
+        if data is None:
+            return None, None, note
+        fresh, fn = self._try(backend.reusing(data), backend, gm, inputs, reference)
+        if fn is None:
+            return (
+                None,
+                None,
+                (
+                    f"memory: {backend.name} from its stored artefact failed ({fresh.status}: "
+                    f"{fresh.reason}); compiled as usual"
+                ),
+            )
+        loaded = {"key": recall.key, "bytes": len(data)}
+        fresh = dataclasses.replace(fresh, details={**fresh.details, "artefact": loaded})
+        note = (
+            f"memory: {backend.name} built from its stored artefact ({len(data) / 2**20:.1f} "
+            "MiB): its expensive step (ONNX export, ...) skipped"
+        )
+        return fresh, fn, note
+
+    def _keep_artefact(
+        self,
+        recall: Recall,
+        record: GraphRecord,
+        fns: dict[str, Callable[..., Any]],
+        gm: fx.GraphModule,
+        inputs: list[Any],
+    ) -> str | None:
+        """Store the winner's artefact with its decision, unless it was loaded from one."""
+        winner = record.winning_attempt
+        names = [b.name for b in self.backends]
+        if self.memory is None or winner is None or winner.backend not in names:
+            return None
+        if "artefact" in winner.details or self.backends[names.index(winner.backend)].reuse is None:
+            return None
+        return self.memory.keep_artefact(
+            recall, winner.backend, fns.get(winner.backend), gm, inputs
+        )

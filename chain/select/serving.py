@@ -1,0 +1,160 @@
+"""What serves a graph's winner besides its callable: the run-time checks (chain.run.watch)
+and the per-shape buckets (chain.run.buckets), built from what selection found."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from backends.registry import Backend
+from chain.judge.speed import EAGER
+from chain.memory import Recall
+from chain.report import graphinfo
+from chain.report.records import GraphRecord
+from chain.run.buckets import Buckets, BucketStats, Selection, ShapeKey
+from chain.run.buckets import remembered as bucket_memory
+from chain.run.graphs import base_name
+from chain.run.watch import Expected, RunChecks, Watch, Writes
+from chain.select.attempt import Reference
+from chain.select.isolation import RUN_TIME_PARTS
+
+log = logging.getLogger("chain")
+
+
+class Serving:
+    """Serving methods of the Chain (chain.select.core.Chain): they read its options and
+    state as `self`."""
+
+    def _buckets(
+        self,
+        graph_id: int,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        winner: str,
+        recall: Recall | None = None,
+        hit: bool = False,
+    ) -> Buckets | None:
+        """Buckets for a graph with symbolic sizes that the chain can verify and time, and
+        that has fixed-shape candidates; None otherwise (the guard then costs nothing more).
+        Graphs that write their inputs or draw random numbers get none. With the decision
+        store on (`recall`), bucket decisions are kept with the graph's decision, and on a
+        hit (`hit`) the remembered ones are built on first sight of their shape."""
+        key = ShapeKey(gm, inputs)
+        if self.bucket_after is None or not (self.verify and self.measure) or not key:
+            return None
+        if graphinfo.mutates_inputs(gm) or graphinfo.random_nodes(gm):
+            return None
+        candidates = self._bucket_candidates(winner)
+        if not candidates:
+            return None
+        names = [b.name for b in candidates]
+        stats = BucketStats(self.bucket_after, self.max_buckets, names, [], self.max_bucket_mb)
+        record = self.report.graphs[graph_id]
+        remembered, notes = {}, []
+        if hit and recall is not None and recall.decision is not None:
+            remembered, notes = bucket_memory.load(
+                recall.decision.extra.get("buckets"), key, winner
+            )
+        if remembered:
+            notes.append(f"memory: {len(remembered)} remembered bucket(s), built on first sight")
+        record = dataclasses.replace(record, buckets=stats, notes=(*record.notes, *notes))
+        self.report.graphs[graph_id] = record
+        selection = Selection(
+            reference=self._reference,
+            attempt=lambda b, g, x, r: self._try(b, b, g, x, r),
+            candidates=self._bucket_candidates,
+            speed=self.speed,
+            strict=self.strict,
+            saved=self._save,
+            kept=(lambda e: self._keep_buckets(recall, e)) if recall is not None else None,
+        )
+        return Buckets(gm, key, stats, selection, remembered)
+
+    def _keep_buckets(self, recall: Recall, entries: list[dict[str, Any]]) -> None:
+        """Store a graph's bucket decisions with its decision; a warning when not stored."""
+        if self.memory is not None and (note := self.memory.remember_buckets(recall, entries)):
+            log.warning("%s", note)
+
+    def _bucket_candidates(self, winner: str) -> list[Backend]:
+        """What may serve a hot shape: the chain's fixed-shape backends (`dynamic=False`)
+        and the general winner compiled for that shape (static inductor), eager excepted."""
+        base = base_name(winner)
+        return [b for b in self.backends if not b.dynamic or (b.name == base and base != EAGER)]
+
+    def _watch_for(
+        self,
+        record: GraphRecord,
+        gm: fx.GraphModule,
+        reference: Reference,
+        recorded: Sequence[float | None] | None,
+    ) -> Callable[[str], Watch | None]:
+        """The run-time checks for each winner the graph will have (chain.run.watch), from what
+        selection found: eager's outputs, the inputs it wrote, whether float64 ran and
+        eager's error against it (`recorded`, per output). The counters go on the record."""
+        stats = RunChecks(reverify_rate=self.reverify_rate if self.watch else 0.0)
+        expected, writes = None, None
+        if reference.runs is not None and reference.after:
+            writes = Writes.found(
+                reference.runs, reference.after, reference.after_base, reference.wrote
+            )
+        if not self.watch:
+            stats.unchecked.append("run-time checks off: watch=False")
+        elif reference.outputs is None or reference.runs is None:
+            stats.unchecked.append(f"no run-time checks: {reference.unverified}")
+        else:
+            ran = [reference.after.get(i, x) for i, x in enumerate(reference.runs)]
+            watched = [
+                i
+                for i, x in enumerate(reference.runs)
+                if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)
+            ]
+            expected = Expected(gm, ran, reference.outputs, watched)
+            stats.unchecked += expected.unchecked
+        self.report.graphs[record.id] = dataclasses.replace(record, watch=stats)
+
+        weights = None  # fingerprints of the weights as selection leaves them, no copies
+        if self.watch and reference.isolation is not None and reference.runs is not None:
+            # fingerprints in RUN_TIME_PARTS, one per re-verification: a sum over every
+            # weight each time cost a tiny BERT's call four times over (its vocabulary)
+            weights = reference.isolation.watch(
+                reference.runs, snapshots=False, parts=RUN_TIME_PARTS
+            )
+
+        # activations: their versions are read every call; the weights' (parameters and
+        # buffers) with their fingerprints at each re-verification
+        isolation = reference.isolation if weights is not None else None
+        weights_at = set(isolation.watched) if isolation is not None else set()
+        activations = [
+            i
+            for i, x in enumerate(reference.runs or ())
+            if isinstance(x, torch.Tensor)
+            and not isinstance(x, torch.nn.Parameter)
+            and i not in weights_at
+        ]
+
+        def watch_for(winner: str) -> Watch | None:
+            if base_name(winner) == EAGER or (expected is None and writes is None):
+                return None  # eager is the reference itself: nothing to check it against
+            return Watch(
+                gm,
+                expected,
+                writes,
+                stats,
+                reverify_rate=self.reverify_rate if expected is not None else 0.0,
+                tolerances=self.tolerances,
+                fp64=reference.fp64 is not None or reference.later is not None,
+                # WeightsDamaged names the backend: "<winner>, the winner (at run time, call n)"
+                weights=(lambda who: weights.check(f"{winner}, {who}"))
+                if weights is not None
+                else None,
+                versioned=activations,
+                recorded=recorded,
+                reductions=reference.reductions,
+            )
+
+        return watch_for
