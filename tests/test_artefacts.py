@@ -135,19 +135,19 @@ _PROCESS = """
 import json, sys
 import torch
 import backends.onnxruntime as ort_backend
-import chain.select.core as core
+import chain.select.candidates as candidates
 from chain import chain
 from chain.bench import zoo
 
 compiled, exported = [], []
-real_try, real_export = core.try_backend, ort_backend.export_onnx
+real_try, real_export = candidates.try_backend, ort_backend.export_onnx
 def counting(backend, *args, **kwargs):
     compiled.append(backend.name)
     return real_try(backend, *args, **kwargs)
 def exporting(*args, **kwargs):
     exported.append(1)
     return real_export(*args, **kwargs)
-core.try_backend, ort_backend.export_onnx = counting, exporting
+candidates.try_backend, ort_backend.export_onnx = counting, exporting
 
 backend = chain("onnxruntime", "eager", eager_floor=False, report_path=sys.argv[1])
 model = zoo.build("bert")

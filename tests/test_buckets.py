@@ -293,16 +293,16 @@ def test_buckets_off_and_bad_options() -> None:
 _PROCESS = """
 import json, sys, time
 import torch
-import chain, chain.select.core as core
+import chain, chain.select.candidates as candidates
 from backends.registry import registry
 from tests.models import build_extra
 
 compiled = []
-real = core.try_backend
+real = candidates.try_backend
 def counting(backend, *args, **kwargs):
     compiled.append(backend.name)
     return real(backend, *args, **kwargs)
-core.try_backend = counting
+candidates.try_backend = counting
 
 @registry.register("static_inductor", dynamic=False)
 def static_inductor(gm, example_inputs):

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 import chain.memory.key as memory_key
-import chain.select.core as core
+import chain.select.candidates as candidates
 from backends.errors import InvalidOption
 from chain import Report, Status, chain
 from chain.memory import MemoryWarning
@@ -57,13 +57,13 @@ def _remembered(record: Any) -> bool:
 def compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The backends compiled in this process, by name, in order."""
     names: list[str] = []
-    real = core.try_backend
+    real = candidates.try_backend
 
     def counting(backend: Any, *args: Any, **kwargs: Any) -> Any:
         names.append(backend.name)
         return real(backend, *args, **kwargs)
 
-    monkeypatch.setattr(core, "try_backend", counting)
+    monkeypatch.setattr(candidates, "try_backend", counting)
     return names
 
 
@@ -388,16 +388,16 @@ def test_store_cli_lists_shows_and_clears(tmp_path: Path) -> None:
 _PROCESS = """
 import json, sys
 import torch
-import chain.select.core as core
+import chain.select.candidates as candidates
 from chain import chain
 from chain.bench import zoo
 
 compiled = []
-real = core.try_backend
+real = candidates.try_backend
 def counting(backend, *args, **kwargs):
     compiled.append(backend.name)
     return real(backend, *args, **kwargs)
-core.try_backend = counting
+candidates.try_backend = counting
 
 backend = chain("onnxruntime", "eager", mode="fastest", eager_floor=False,
                 report_path=sys.argv[1])
