@@ -290,6 +290,22 @@ def test_exporter_warnings_are_captured_not_printed(
     assert "RuntimeWarning" not in err and "divide by zero" not in err, err
 
 
+@needs_transformers
+def test_dynamic_bloom_prints_no_graph_dump(capfd: pytest.CaptureFixture[str]) -> None:
+    """BLOOM with dynamic=True once dumped its FX graph (181 lines) on stderr."""
+    pytest.importorskip("onnxruntime")
+    model = zoo.build("bloom")
+    backend = chain("onnxruntime", "eager", measure=False, memory=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.inference_mode():
+        for shape in range(2):
+            args = zoo.inputs("bloom", shape)
+            torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-4, atol=1e-4)
+    err = capfd.readouterr().err
+    for dump in ("def forward", "graph():", "GraphModule", "RuntimeWarning"):
+        assert dump not in err, err[:2000]
+
+
 def test_quiet_collects_this_threads_warnings_unless_verbose(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
