@@ -36,6 +36,7 @@ from backends.common.payload import Dim, Header, SizeOf, TensorSpec
 from backends.errors import Unsupported
 
 NO_TRANSLATION = "no ONNX translation (torch.onnx / onnxscript torchlib)"
+SIZE = "a symbolic size (computed in PyTorch; parts read sizes from their inputs' shapes)"
 
 
 @functools.cache
@@ -52,6 +53,8 @@ def ort_reason(node: fx.Node, excluded: frozenset[str] = frozenset()) -> str | N
     """None when the ONNX exporter can translate `node`, else why it stays in PyTorch."""
     if node.target is operator.getitem:
         return None
+    if isinstance(node.meta.get("val"), torch.SymInt | torch.SymFloat | torch.SymBool):
+        return SIZE  # a part's sizes are read from its inputs' shapes inside the model
     if is_excluded(node, excluded):
         return EXCLUDED
     if not isinstance(node.target, torch._ops.OpOverload):
@@ -115,9 +118,15 @@ def export_part(
     sizes they follow (`SizeOf`), for the op's shape function.
     """
     outputs, returns_tuple = flat_outputs(out)
+    if not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise Unsupported("part returns sizes, not only tensors (PyTorch computes them)")
     dims = symbolic_dims(block) if dynamic else {}
+    if dims:
+        _placeholders_first(block)
     graph = export_onnx(block, args, freeze=(), dynamic_dims=dims)
-    if graph.derived or graph.scalars:
+    # a size argument is derived inside the model from an input's shape (the same symbol,
+    # so the same value at any size): only with dynamic axes, where sizes are symbols
+    if (graph.derived and not dims) or graph.scalars:
         raise Unsupported("part reads sizes or module scalars from its inputs")
     device = args[graph.input_positions[0]].device if graph.input_positions else outputs[0].device
     made = header(graph, outputs, device.type)
@@ -138,6 +147,19 @@ def export_part(
         expected=tuple(outputs),
         graph=block,
     )
+
+
+def _placeholders_first(block: fx.GraphModule) -> None:
+    """Move the block's placeholders (in their order) before its other nodes: the
+    partitioner places them where first used, after some constants, and the exporter's
+    preparation inserts size reads from them before the first non-placeholder node."""
+    placeholders = list(block.graph.find_nodes(op="placeholder"))
+    first = next(iter(block.graph.nodes))
+    for node in reversed(placeholders):
+        first.prepend(node)
+        first = node
+    block.graph.lint()
+    block.recompile()
 
 
 def _value(node: Any) -> Any:
