@@ -44,8 +44,15 @@ def _report(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         print(report.to_csv(args.failures), end="")
     else:
-        Console(width=max(120, Console().width)).print(report.table(args.failures))
+        console = _console()
+        console.print(report.table(args.failures, console.width))
     return 0
+
+
+def _console() -> Console:
+    """The terminal's console at its width; piped, at least 120 columns (COLUMNS)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(120, console.width))
 
 
 def _write_error(path: str, e: OSError) -> str:
@@ -112,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--format", choices=("table", "markdown", "csv", "json", "html"), default="table"
     )
     rep.add_argument("-o", "--output", metavar="FILE", help="where --format html writes the page")
-    rep.add_argument("--failures", action="store_true", help="only the attempts that failed")
+    rep.add_argument(
+        "--failures",
+        action="store_true",
+        help="only the attempts that failed, then each one's whole reason",
+    )
     rep = sub.add_parser("repro", help="write a standalone repro of one backend on one graph")
     rep.add_argument("file")
     rep.add_argument("graph", type=int)

@@ -113,6 +113,9 @@ def test_a_wide_interval_is_undecided_and_implausible() -> None:
     timings = timings_of({"eager": eager, "ort": other}, "eager")
     assert timings["eager"].verdict == REFERENCE and timings["eager"].speedup == 1.0
     assert implausible(timings, "cpu") == ["ort's interval 0.01-147.00x (over 10x)"]
+    # wide but wholly below 1: a decided loss, nothing to re-time
+    slow = timings_of({"eager": [1e-3] * 12, "s": [1.0, 0.02] * 6}, "eager")
+    assert slow["s"].verdict == SLOWER and implausible(slow, "cpu") == []
 
 
 def test_enough_rounds_see_through_one_stall() -> None:

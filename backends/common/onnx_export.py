@@ -9,7 +9,9 @@ logs are silenced on its thread and its failures become `Unsupported` with one r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import os
 import re
 import threading
 import warnings
@@ -47,7 +49,8 @@ class OnnxGraph:
     `derived` SymInt inputs are read from tensor shapes inside the model; `scalars` are
     module floats dynamo passed as 0-d tensors, inlined as numbers. `mutated` inputs are
     written in place by the graph: their new values are the model's last outputs, in that
-    order, for the caller to copy back (ONNX has no in-place writes).
+    order, for the caller to copy back (ONNX has no in-place writes). `warnings`: what
+    the exporter warned, one line each, kept for the report (not part of an artefact).
     """
 
     model: bytes
@@ -62,6 +65,7 @@ class OnnxGraph:
     num_initializers: int
     decomposed: tuple[str, ...] = ()
     mutated: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()  # raised while exporting (quiet()): the report keeps them
 
     @classmethod
     def of_model(
@@ -109,6 +113,16 @@ def _quiet_here() -> bool:
     return getattr(_quiet_local, "depth", 0) > 0
 
 
+VERBOSE_ENV = "CHAIN_VERBOSE"  # set (not "0"): the exporter's logs and warnings show as usual
+
+
+def verbose() -> bool:
+    """Whether the user asked to see third-party output: CHAIN_VERBOSE, or TORCH_LOGS set
+    (torch's own switch for its logs); then `quiet()` neither filters nor captures."""
+    flag = os.environ.get(VERBOSE_ENV, "").strip().lower()
+    return flag not in ("", "0", "false", "no", "off") or bool(os.environ.get("TORCH_LOGS"))
+
+
 def _filter_noisy_loggers() -> None:
     """Attach the quiet filter to the exporter's loggers that exist now (they are created
     as its modules are imported; a filter acts only on the logger a record starts at)."""
@@ -121,17 +135,64 @@ def _filter_noisy_loggers() -> None:
             logger.addFilter(_QUIET)
 
 
+_shown_before: list[Callable[..., None]] = []  # the `warnings.showwarning` that `_show` wraps
+_HOOK_LOCK = threading.Lock()
+MAX_WARNINGS = 20  # per export: the first ones, each one line
+
+
+def _show(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """`warnings.showwarning` for every thread: a warning raised on a thread inside `quiet()`
+    (numpy's RuntimeWarnings from ONNX's reference evaluator folding constants) goes to that
+    thread's list; any other is shown as before."""
+    captured = getattr(_quiet_local, "captured", None)
+    if captured is None or not _quiet_here():
+        _shown_before[-1](message, category, filename, lineno, file, line)
+        return
+    if len(captured) < MAX_WARNINGS:
+        where = f"{os.path.basename(filename)}:{lineno}"
+        captured.append(f"{category.__name__}: {str(message).strip()} ({where})")
+
+
+def _hook_warnings() -> None:
+    """Put `_show` in front of whatever shows warnings now (once; again after a
+    `warnings.catch_warnings` block restored the one it found): the hook decides per
+    thread, so no thread's warnings state changes, unlike a catch_warnings of its own."""
+    with _HOOK_LOCK:
+        if warnings.showwarning is not _show:
+            _shown_before.append(warnings.showwarning)
+            del _shown_before[:-1]
+            warnings.showwarning = _show
+
+
 @contextlib.contextmanager
-def quiet() -> Iterator[None]:
+def quiet(into: list[str] | None = None) -> Iterator[list[str]]:
     """Silence the exporter's logs below ERROR on this thread (and the export thread it
-    starts), touching nothing process-wide: no stream redirects, no warnings state, no
-    logger levels. The exporter prints nothing with verbose=False and report=False."""
+    starts), and collect the warnings raised on it into the list it yields (`into`, or the
+    enclosing quiet()'s, or a new one), touching no process-wide state but the one
+    `warnings.showwarning` hook that decides per thread: no stream redirects, no warnings
+    filters, no logger levels. The exporter prints nothing with verbose=False and
+    report=False. With CHAIN_VERBOSE or TORCH_LOGS set, it does nothing (`verbose`)."""
+    if verbose():
+        yield [] if into is None else into
+        return
     _filter_noisy_loggers()
+    _hook_warnings()
+    outer = getattr(_quiet_local, "captured", None)
+    captured = into if into is not None else outer if outer is not None else []
+    _quiet_local.captured = captured
     _quiet_local.depth = getattr(_quiet_local, "depth", 0) + 1
     try:
-        yield
+        yield captured
     finally:
         _quiet_local.depth -= 1
+        _quiet_local.captured = outer
 
 
 def exporter_line(error: BaseException) -> str:
@@ -212,17 +273,19 @@ def _in_clean_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     The thread runs in the caller's grad and inference mode (a new thread starts with
     gradients on: a graph captured under no_grad, traced again with gradients, can take
     other kernels and layouts), and keeps the caller's cancellation token
-    (`backends.cancel`) and its quiet(). torch.export itself runs one at a time
+    (`backends.cancel`) and its quiet() (warnings go to the caller's list). torch.export
+    itself runs one at a time
     (`cancel.process_wide`): it patches torch for every thread while it traces.
     """
     loud = not _quiet_here()
+    captured = getattr(_quiet_local, "captured", None)
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def run() -> T:
         with (
             torch.inference_mode(inference),
             torch.set_grad_enabled(grad),
-            contextlib.nullcontext() if loud else quiet(),
+            contextlib.nullcontext() if loud else quiet(captured),
         ):
             return fn(*args, **kwargs)
 
@@ -249,18 +312,22 @@ def export_onnx(
     else:
         frozen, scalars = tuple(freeze), {}
     dims = symbolic_dims(gm, example_inputs) if dynamic_dims is None else dynamic_dims
-    prepared, program, dims = _export(gm, example_inputs, frozen, scalars, dims, opset, ())
+    caught: list[str] = []  # the exporter's warnings, for the report instead of stderr
+    prepared, program, dims = _export(
+        gm, example_inputs, frozen, scalars, dims, opset, (), caught
+    )
     mutated = _mutated_inputs(program, prepared)
     if mutated:  # again, unfrozen and returned: ONNX drops in-place writes to inputs
         unfrozen = tuple(i for i in frozen if i not in mutated)
         prepared, program, dims = _export(
-            gm, example_inputs, unfrozen, scalars, dims, opset, mutated
+            gm, example_inputs, unfrozen, scalars, dims, opset, mutated, caught
         )
         missed = set(_mutated_inputs(program, prepared)) - set(mutated)
         if missed:
             raise Unsupported(f"graph writes to inputs {sorted(missed)} the export cannot return")
     check_dynamic(program.model_proto, prepared.kept, dims)
-    return _describe(program.model_proto, prepared, dims, mutated)
+    graph = _describe(program.model_proto, prepared, dims, mutated)
+    return dataclasses.replace(graph, warnings=tuple(dict.fromkeys(caught)))
 
 
 def _export(
@@ -271,8 +338,10 @@ def _export(
     dynamic_dims: Mapping[int, Sequence[int]],
     opset: int | None,
     mutated: Sequence[int],
+    caught: list[str],
 ) -> tuple[PreparedGraph, Any, dict[int, tuple[int, ...]]]:
-    """Prepare the graph and run the exporter on it; its failures become Unsupported."""
+    """Prepare the graph and run the exporter on it; its failures become Unsupported, its
+    warnings go to `caught`."""
     prepared = prepare_graph(gm, example_inputs, frozen, scalars, returns=mutated)
     dims = {i: tuple(d) for i, d in dynamic_dims.items() if i in prepared.kept and d}
     args = tuple(_real(example_inputs[i]) for i in prepared.kept)
@@ -281,7 +350,7 @@ def _export(
         dynamic_shapes = tuple(
             {d: torch.export.Dim.DYNAMIC for d in dims.get(i, ())} or None for i in prepared.kept
         )
-    with quiet():
+    with quiet(into=caught):
         try:
             program = _in_clean_thread(
                 _torch_onnx_export, prepared.module.eval(), args, dynamic_shapes, opset

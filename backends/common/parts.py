@@ -14,7 +14,7 @@ loader=...)`):
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,9 @@ class ExportRequest:
 
     `gm` takes the flat inputs and returns a flat tuple (parameters and buffers are
     `get_attr` nodes); `compiled` is the backend's compiled callable when it won the graph,
-    else None (`status` then says what happened: "unsupported", "mismatch", ...).
+    else None (`status` then says what happened: "unsupported", "slower", "not_tried", ...).
+    `dynamic_dims` (flat input position -> dims) are the sizes the program must take at
+    any value: a part exported for them has matching dynamic axes, else none is made.
     `verify(part)` is the chain's check of a part (None when its payload reproduces
     `expected`, else the reason): an exporter may use it to leave a failing part to
     PyTorch; `chain.deploy` verifies every returned part anyway.
@@ -90,6 +92,7 @@ class ExportRequest:
     verify: Callable[[Part], str | None]
     torch_executed_ops: frozenset[str] = frozenset()
     min_block_size: int = 1
+    dynamic_dims: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def won(self) -> bool:

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,15 +42,76 @@ class PayloadMismatch(PayloadError):
 
 
 @dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of one tensor: a payload's output, an engine's input (cache key)."""
+class SizeOf:
+    """An output size that follows the inputs' (a part exported with dynamic axes):
+    `coefficient` times the product of the sizes `(input, dim)` of the payload's inputs."""
 
-    shape: tuple[int, ...]
+    coefficient: int
+    factors: tuple[tuple[int, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"c": self.coefficient, "of": [list(f) for f in self.factors]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> SizeOf:
+        """Read as data: small integers only (a bad one is a PayloadError)."""
+        try:
+            factors = tuple((int(k), int(d)) for k, d in data["of"])
+            ok = isinstance(data["c"], int) and all(
+                isinstance(v, int) and 0 <= v < 1 << 16 for f in data["of"] for v in f
+            )
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok or set(data) != {"c", "of"} or not 0 < data["c"] < 1 << 31:
+            raise PayloadError(f"unreadable dynamic output size {str(data)[:80]!r}")
+        return cls(data["c"], factors)
+
+    def of(self, inputs: Sequence[torch.Tensor]) -> Any:
+        """The size for these inputs (a SymInt for fake ones)."""
+        size: Any = self.coefficient
+        for k, d in self.factors:
+            size = size * inputs[k].shape[d]
+        return size
+
+
+Dim = int | SizeOf
+
+
+def _dim_json(dim: Dim) -> Any:
+    return dim.to_json() if isinstance(dim, SizeOf) else int(dim)
+
+
+def _dim_from(value: Any) -> Dim:
+    return value if isinstance(value, int) else SizeOf.from_json(value)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one tensor: a payload's output, an engine's input (cache key).
+    A dynamic part's output sizes may follow its inputs' (`SizeOf`)."""
+
+    shape: tuple[Dim, ...]
     dtype: str  # torch dtype name without the "torch." prefix
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> TensorSpec:
         return cls(tuple(int(s) for s in tensor.shape), str(tensor.dtype).removeprefix("torch."))
+
+    @property
+    def static(self) -> bool:
+        """Whether every size is a number (else some follow the inputs')."""
+        return all(isinstance(d, int) for d in self.shape)
+
+    def sizes(self, inputs: Sequence[torch.Tensor]) -> list[Any]:
+        """The sizes for these inputs."""
+        return [d.of(inputs) if isinstance(d, SizeOf) else d for d in self.shape]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": [_dim_json(d) for d in self.shape], "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorSpec:
+        return cls(tuple(_dim_from(d) for d in data["shape"]), data["dtype"])
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -65,7 +127,7 @@ def specs_to_str(specs: list[TensorSpec], part: str = "", sha256: str = "") -> s
     `sha256` is the digest of the whole payload (header and body) the program's node was
     built with; the payload is checked against it when it is loaded (`check_binding`).
     """
-    outputs = [{"shape": list(s.shape), "dtype": s.dtype} for s in specs]
+    outputs = [s.to_json() for s in specs]
     if not sha256:
         return json.dumps(outputs)
     return json.dumps({"part": part, "sha256": sha256, "outputs": outputs})
@@ -91,7 +153,7 @@ def _parse(text: str) -> tuple[Binding, list[dict[str, Any]]]:
 
 def specs_from_str(text: str) -> list[TensorSpec]:
     """The output specs of `specs_to_str`'s string."""
-    return [TensorSpec(tuple(d["shape"]), d["dtype"]) for d in _parse(text)[1]]
+    return [TensorSpec.from_json(d) for d in _parse(text)[1]]
 
 
 def binding_from_str(text: str) -> Binding:
@@ -130,7 +192,7 @@ class Header:
 
     def to_json(self) -> str:
         data = asdict(self)
-        data["outputs"] = [asdict(o) for o in self.outputs]
+        data["outputs"] = [o.to_json() for o in self.outputs]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -140,7 +202,7 @@ class Header:
             raise PayloadError(f"payload header names no backend: {text[:80]!r}")
         data["input_names"] = tuple(data["input_names"])
         data["output_names"] = tuple(data["output_names"])
-        data["outputs"] = tuple(TensorSpec(tuple(o["shape"]), o["dtype"]) for o in data["outputs"])
+        data["outputs"] = tuple(TensorSpec.from_json(o) for o in data["outputs"])
         return cls(**data)
 
     def describe(self) -> str:

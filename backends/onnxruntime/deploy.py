@@ -2,10 +2,13 @@
 
 Exporter: when ONNX Runtime won the graph, its whole ONNX model is one part (unless the
 runner froze inputs, derived sizes or inlined scalars, which a payload cannot feed, or the
-user keeps ops in PyTorch); when it declined the graph (an op it has no translation for),
-or won it while `torch_executed_ops` keeps ops in PyTorch, the graph is partitioned into
-ORT parts and PyTorch parts (`partition.py`). Loader: a session on the model behind the
-backend's zero-copy runner, after checking that this onnxruntime can run its opset.
+user keeps ops in PyTorch); when it passed but lost, or was not tried, because another
+backend won (one that cannot export), or when the program takes dynamic shapes, the graph
+is exported whole now and verified; when it declined the graph (an op it has no
+translation for), or `torch_executed_ops` keeps ops in PyTorch, or the whole export fails,
+the graph is partitioned into ORT parts and PyTorch parts (`partition.py`). Loader: a
+session on the model behind the backend's zero-copy runner, after checking that this
+onnxruntime can run its opset.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from backends.common.payload import (
     version_tuple,
 )
 from backends.errors import Unsupported
-from backends.onnxruntime.partition import ort_parts
+from backends.onnxruntime.partition import export_part, ort_parts
 from backends.onnxruntime.runtime import Compiled, OrtRunner
 from backends.onnxruntime.runtime import OutputSpec as BoundOutput
 from backends.onnxruntime.session import create_session, default_providers
@@ -64,13 +67,40 @@ def onnx_header(graph: OnnxGraph, outputs: Sequence[torch.Tensor], device: str) 
     )
 
 
+_UNTAKEN = ("slower", "not_tried")  # it passed but lost on speed, or the chain never tried it
+
+
 def export_parts(request: ExportRequest) -> ExportedParts | None:
-    """The exporter hook: the whole model when ORT won, ORT parts when it could not."""
-    if request.won and not request.torch_executed_ops:
-        return whole_model(request)
-    if request.won or request.status == "unsupported":
+    """The exporter hook: the whole model when ORT won, or did not lose by failing (another
+    winner cannot export); ORT parts when it declined the graph or ops stay in PyTorch."""
+    if request.status == "unsupported":
         return partitioned(request)
-    return None
+    if not request.won and request.status not in _UNTAKEN:
+        return None  # it failed on this graph (mismatch, errors): nothing of it is exported
+    if request.torch_executed_ops:
+        return partitioned(request)
+    if request.won and not request.dynamic_dims:
+        return whole_model(request)
+    return exported_whole(request)
+
+
+def exported_whole(request: ExportRequest) -> ExportedParts:
+    """The graph exported whole now (for its dynamic axes, or for a backend that did not
+    win it), verified; ORT parts when it does not export or verify whole."""
+    gm, flat = request.gm, request.flat_inputs
+    with torch.no_grad():
+        out = gm(*flat)
+    dynamic = bool(request.dynamic_dims)
+    try:
+        part = export_part(WHOLE, gm, flat, out, onnx_header, dynamic)
+        reason = request.verify(part)
+    except Unsupported as error:
+        reason = error.reason
+    if reason is not None:
+        return partitioned(request, f"whole graph: {reason}")
+    axes = f" with dynamic axes {dict(request.dynamic_dims)}" if dynamic else ""
+    note = f"export: the whole graph as one ONNX Runtime model{axes}"
+    return ExportedParts(as_single_call(gm), {WHOLE: part}, note)
 
 
 def whole_model(request: ExportRequest) -> ExportedParts | None:
@@ -100,18 +130,26 @@ def whole_model(request: ExportRequest) -> ExportedParts | None:
     return ExportedParts(as_single_call(gm), {WHOLE: part}, note)
 
 
-def partitioned(request: ExportRequest) -> ExportedParts:
-    """ORT parts for what the exporter translates, PyTorch parts (with reasons) for the rest."""
+def partitioned(request: ExportRequest, why: str = "") -> ExportedParts:
+    """ORT parts for what the exporter translates, PyTorch parts (with reasons) for the rest;
+    `why` says why the graph is not one part (when it could have been)."""
     options = PartitionOptions(
         min_block_size=request.min_block_size, torch_executed_ops=request.torch_executed_ops
     )
     split, parts, result = ort_parts(
-        request.gm, request.flat_inputs, options, onnx_header, request.verify
+        request.gm,
+        request.flat_inputs,
+        options,
+        onnx_header,
+        request.verify,
+        bool(request.dynamic_dims),
     )
     note = (
         f"export: {len(parts)} ONNX Runtime part(s) ({result.ops_compiled} of "
         f"{result.ops_total} ops); PyTorch kept {summarize(result.fallback) or 'nothing'}"
     )
+    if why:
+        note += f" ({why})"
     return ExportedParts(split, parts, note, result.fallback)
 
 
@@ -169,7 +207,10 @@ def load_payload(header: Header, body: bytes, device: torch.device) -> Runner:
     runner = OrtRunner(
         Compiled(graph, session, ()),
         device=device,
-        outputs=[BoundOutput(o.shape, o.torch_dtype) for o in header.outputs],
+        outputs=[
+            BoundOutput(o.shape if o.static else None, o.torch_dtype)  # type: ignore[arg-type]
+            for o in header.outputs
+        ],
         single_output=False,
         rebuild=None,
     )

@@ -81,4 +81,5 @@ def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> di
         "decomposed": list(graph.decomposed),
         "mutated_inputs": list(graph.mutated),
         "model_bytes": len(graph.model),
+        **({"warnings": list(graph.warnings)} if graph.warnings else {}),  # kept off stderr
     }

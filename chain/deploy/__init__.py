@@ -4,8 +4,9 @@
 `torch.export.save` saves the program; `chain.load(path)` loads it with checks (a whole
 file, no pickles, payloads bound to their nodes); plain `torch.export.load` works too in
 any process that imports `chain` (which registers the `backend_chain::run_payload` op).
-`chain.load(path).module()` is a `LeanModule`: the graph behind our own input check
-(`InputMismatch`), ~50 us a call less than torch's `module()`.
+Input and output classes this process has not imported load as `StandIn`s (same fields,
+one `StandInWarning`). `chain.load(path).module()` is a `LeanModule`: the graph behind our
+own input check (`InputMismatch`), ~50 us a call less than torch's `module()`.
 A backend takes part through its export hooks (`backends.common.parts`); this package
 knows none by name.
 """
@@ -25,6 +26,7 @@ from chain.deploy.inputs import InputMismatch
 from chain.deploy.loader import load
 from chain.deploy.ops import cache_info, clear_cache, run_payload
 from chain.deploy.program import LeanModule, LoadedProgram
+from chain.deploy.structure import StandIn, StandInWarning
 
 __all__ = [
     "CaptureError",
@@ -38,6 +40,8 @@ __all__ = [
     "PayloadError",
     "PayloadMismatch",
     "RuntimeMissing",
+    "StandIn",
+    "StandInWarning",
     "cache_info",
     "clear_cache",
     "export",

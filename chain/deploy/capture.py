@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +29,8 @@ class Captured:
     gm: fx.GraphModule
     flat_inputs: list[Any]
     codegen: Any  # torch.export's pytree codegen: (args, kwargs) in, the model's outputs out
+    # flat input position -> its dims that `dynamic_shapes` made symbolic (none: static)
+    dynamic_dims: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 _HINTS = (
@@ -76,12 +78,16 @@ def capture(
     kwargs: dict[str, Any] | None = None,
     *,
     strict: bool = False,
+    dynamic_shapes: Any = None,
 ) -> Captured:
-    """torch.export the model (inference IR, no decompositions) into a flat graph module."""
+    """torch.export the model (inference IR, no decompositions) into a flat graph module;
+    `dynamic_shapes` is torch.export's, and the placeholders keep their symbolic sizes."""
     kwargs = dict(kwargs or {})
     try:
         with torch.no_grad():
-            program = torch.export.export(model, tuple(args), kwargs, strict=strict)
+            program = torch.export.export(
+                model, tuple(args), kwargs, dynamic_shapes=dynamic_shapes, strict=strict
+            )
             program = program.run_decompositions({})
     except Exception as error:
         raise CaptureError(explain(model, error)) from error
@@ -97,4 +103,16 @@ def capture(
         env[node] = graph.node_copy(node, lambda n: env[n])
     gm = fx.GraphModule(unlifted, graph)
     flat = pytree.tree_leaves((tuple(args), kwargs))
-    return Captured(gm, flat, copy.deepcopy(unlifted.graph._codegen))
+    return Captured(gm, flat, copy.deepcopy(unlifted.graph._codegen), symbolic_dims(gm))
+
+
+def symbolic_dims(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
+    """Flat input position -> the dims whose size in the placeholder's value is a symbol."""
+    dims: dict[int, tuple[int, ...]] = {}
+    for position, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            found = tuple(d for d, s in enumerate(value.shape) if not isinstance(s, int))
+            if found:
+                dims[position] = found
+    return dims

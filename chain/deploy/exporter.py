@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,10 +30,11 @@ from backends.common.parts import ExportedParts, ExportRequest, Part
 from backends.registry import registry
 from chain.deploy.capture import capture
 from chain.deploy.stitch import stitch
+from chain.deploy.structure import structure_notes
 from chain.judge.accuracy import reduction_lengths
 from chain.judge.fp64 import fp64_reference
 from chain.judge.verify import compare
-from chain.report.records import GraphRecord
+from chain.report.records import Attempt, GraphRecord, Status
 from chain.report.report import Report
 from chain.select.core import Chain
 
@@ -47,13 +49,15 @@ class ExportError(RuntimeError):
 class ExportResult:
     """The program, the chain's report, and what each compiled part holds.
 
-    Unpacks as a pair: `program, report = chain.export(model, args)`.
+    Unpacks as a pair: `program, report = chain.export(model, args)`. `notes` say what
+    export did (which backend it exported when the winner could not be, the parts made).
     """
 
     program: torch.export.ExportedProgram
     report: Report
     parts: list[dict[str, Any]] = field(default_factory=list)
     fallback: dict[str, dict[str, int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.program, self.report))
@@ -78,22 +82,30 @@ def export(
     torch_executed_ops: Sequence[str] = (),
     min_block_size: int = 1,
     strict: bool = False,
+    dynamic_shapes: Any = None,
 ) -> ExportResult:
     """Export `model` with its compiled parts inside; `backend` defaults to
     chain("tensorrt", "onnxruntime", "eager").
 
     `torch_executed_ops` ("aten.relu", ...) and `min_block_size` shape the ORT partitions
-    made when ONNX Runtime cannot take the whole graph. Raises `CaptureError` when
-    torch.export cannot capture the model as one graph.
+    made when ONNX Runtime cannot take the whole graph. `dynamic_shapes` is torch.export's
+    (`{"x": {0: Dim("batch", max=64)}}`): the program and its ONNX parts take those sizes.
+    Raises `CaptureError` when torch.export cannot capture the model as one graph.
     """
     the_chain = _as_chain(backend)
-    captured = capture(model, tuple(args), kwargs, strict=strict)
+    captured = capture(model, tuple(args), kwargs, strict=strict, dynamic_shapes=dynamic_shapes)
     gm, flat = captured.gm, captured.flat_inputs
     with torch.no_grad():
         guard = the_chain(gm, flat)
         record = the_chain.report.graphs[guard.graph_id]
-        exported = _exported_parts(
-            gm, tuple(flat), guard.fn, record, frozenset(torch_executed_ops), min_block_size
+        exported, notes = _exported_parts(
+            gm,
+            tuple(flat),
+            guard.fn,
+            record,
+            frozenset(torch_executed_ops),
+            min_block_size,
+            captured.dynamic_dims,
         )
         for part in exported.parts.values():
             _verify_all(part)
@@ -101,12 +113,20 @@ def export(
     stitched.graph._codegen = captured.codegen
     stitched.recompile()
     with torch.no_grad():
-        program = torch.export.export(stitched, tuple(args), dict(kwargs or {}), strict=False)
+        program = torch.export.export(
+            stitched,
+            tuple(args),
+            dict(kwargs or {}),
+            dynamic_shapes=dynamic_shapes,
+            strict=False,
+        )
     _check(model, program, args, kwargs)
-    notes = (*record.notes, exported.note)
-    the_chain.report.graphs[record.id] = dataclasses.replace(record, notes=notes)
+    notes = [*notes, exported.note, *structure_notes(program)]
+    the_chain.report.graphs[record.id] = dataclasses.replace(
+        record, notes=(*record.notes, *notes)
+    )
     summaries = [p.summary() for p in exported.parts.values()]
-    return ExportResult(program, the_chain.report, summaries, exported.fallback)
+    return ExportResult(program, the_chain.report, summaries, exported.fallback, notes)
 
 
 def _exported_parts(
@@ -116,28 +136,64 @@ def _exported_parts(
     record: GraphRecord,
     torch_executed_ops: frozenset[str],
     min_block_size: int,
-) -> ExportedParts:
-    """The winner's exported parts, else another exportable backend's, else none."""
+    dynamic_dims: dict[int, tuple[int, ...]],
+) -> tuple[ExportedParts, list[str]]:
+    """The parts of the first candidate (`export_order`) whose exporter returns some, and
+    the notes saying which backend was exported when it is not the winner."""
     winner = record.winner
-    order = [winner, *(a.backend for a in record.attempts if a.backend != winner)]
-    status = {a.backend: str(a.status) for a in record.attempts}
-    for name in order:
-        if name not in registry or (exporter := registry.lookup(name).exporter) is None:
-            continue
+    for attempt in export_order(record):
+        name = attempt.backend
         won = name == winner
         request = ExportRequest(
             gm,
             flat,
             compiled if won else None,
-            status.get(name, ""),
+            str(attempt.status),
             verify,
             torch_executed_ops,
             min_block_size,
+            dynamic_dims,
         )
-        exported = exporter(request)
+        exported = registry.lookup(name).exporter(request)  # type: ignore[misc]
         if exported is not None:
-            return exported
-    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph)")
+            return exported, ([] if won else [_instead(winner, attempt)])
+    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph)"), []
+
+
+def _exportable(name: str) -> bool:
+    return name in registry and registry.lookup(name).exporter is not None
+
+
+def export_order(record: GraphRecord) -> list[Attempt]:
+    """The attempts whose backends can export, in the order export asks them: the winner;
+    unless the winner is eager (PyTorch by choice), the candidates that passed and are not
+    measurably slower than eager, fastest first, then those the chain did not try (in the
+    chain's order); last, those that declined the graph (they may take parts of it)."""
+    attempts = [a for a in record.attempts if _exportable(a.backend)]
+    won = [a for a in attempts if a.backend == record.winner]
+    others = [a for a in attempts if a.backend != record.winner]
+    passed: list[Attempt] = []
+    untried: list[Attempt] = []
+    if record.winner != "eager":
+        passed = sorted(
+            (a for a in others if a.status is Status.SLOWER and a.verdict != "slower"),
+            key=lambda a: math.inf if a.latency_ms is None else a.latency_ms,
+        )
+        untried = [a for a in others if a.status is Status.NOT_TRIED]
+    declined = [a for a in others if a.status is Status.UNSUPPORTED]
+    return [*won, *passed, *untried, *declined]
+
+
+def _instead(winner: str | None, attempt: Attempt) -> str:
+    """`inductor won; exported onnxruntime, 3.0x`: the note when the winner could not export."""
+    name = attempt.backend
+    if attempt.status is Status.UNSUPPORTED:
+        return f"{winner} won; exported {name} parts ({name} declined the whole graph)"
+    if attempt.status is Status.NOT_TRIED:
+        return f"{winner} won; exported {name} (not tried by the chain: verified, not timed)"
+    if attempt.speedup is None:
+        return f"{winner} won; exported {name} (passed, not timed)"
+    return f"{winner} won; exported {name}, {attempt.speedup:.1f}x"
 
 
 def verify(part: Part) -> str | None:

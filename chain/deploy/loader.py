@@ -10,7 +10,9 @@ checked against an allowlist of what `torch.export.save` writes for a program of
 `chain.export` (or a plain `torch.export` program) before torch sees them: fixed entry
 names under one root folder, raw tensor files `weight_<i>` / `tensor_<i>` named by
 configs of exactly torch's shape and matching the graph's own tensor metadata, call
-targets from aten / prims / our op / arithmetic, guards that are size arithmetic. Torch
+targets from aten / prims / our op / arithmetic, guards that are size arithmetic, input
+and output classes registered here or recorded with their field names (`structure.py`:
+stand-ins, one warning; nothing imported on the file's say-so). Torch
 then reads the same bytes from memory (no second open, no legacy fallback). After:
 every payload is unpacked, hash-checked, checked against the digest its node was built
 with, and (CPU payloads) its runner built. Every failure is a `PayloadError` with one
@@ -24,6 +26,7 @@ import ast
 import io
 import json
 import re
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -31,7 +34,6 @@ from os import PathLike
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 import chain.deploy.ops as ops
 from backends.common.files import read_bounded
@@ -45,6 +47,7 @@ from backends.common.payload import (
     unpack,
     verify_body,
 )
+from chain.deploy import structure
 from chain.deploy.program import LoadedProgram, as_loaded
 
 MAX_PROGRAM_BYTES = 64 << 30  # a bound, not a budget: refuses /dev/zero and growing files
@@ -123,9 +126,11 @@ def load(path: str | PathLike[str]) -> LoadedProgram:
     """
     name = str(path)
     data = _read(name)
-    _check_archive(name, data)
+    served = _check_archive(name, data)
     program = _torch_load(name, data)
     _check_payloads(name, program)
+    if served:
+        warnings.warn(structure.warning_text(served), structure.StandInWarning, stacklevel=2)
     return as_loaded(program)
 
 
@@ -163,8 +168,9 @@ def _refuse(name: str, what: str) -> PayloadError:
     return PayloadError(f"{name}: {_CONTROL.sub('?', what)}: refused, not loaded")
 
 
-def _check_archive(name: str, data: bytes) -> None:
-    """The zip is whole and holds only what a saved program holds (see the module doc)."""
+def _check_archive(name: str, data: bytes) -> list[str]:
+    """The zip is whole and holds only what a saved program holds (see the module doc);
+    returns the classes of its inputs and outputs served by stand-ins (`structure.py`)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             bad = archive.testzip()
@@ -172,7 +178,7 @@ def _check_archive(name: str, data: bytes) -> None:
                 raise PayloadError(f"{name}: corrupted (checksum mismatch in {bad})")
             root, entries = _entries(name, archive, data)
             try:
-                _check_contents(name, archive, root, entries)
+                return _check_contents(name, archive, root, entries)
             except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as error:
                 what = f"{type(error).__name__}: {_line(error)[:80]}"
                 raise _refuse(name, f"a program of another shape ({what})") from None
@@ -214,8 +220,9 @@ def _allowed_entry(rel: str) -> bool:
 
 def _check_contents(
     name: str, archive: zipfile.ZipFile, root: str, entries: dict[str, int]
-) -> None:
-    """Fixed values, the model's JSON, both configs against it, the sample inputs."""
+) -> list[str]:
+    """Fixed values, the model's JSON, both configs against it, the sample inputs, the
+    input and output structures; returns the classes served by stand-ins."""
     for rel, value in _REQUIRED.items():
         if value is not None and archive.read(f"{root}/{rel}") != value:
             raise _refuse(name, f"{rel} is not {value.decode()!r}")
@@ -233,7 +240,7 @@ def _check_contents(
     if unused:
         raise _refuse(name, f"a tensor file no config names ({unused[0]})")
     _check_sample_inputs(name, archive.read(f"{root}/data/sample_inputs/model.pt"))
-    _check_pytree_types(name, model)
+    return structure.prepare(name, list(_specs(model)))
 
 
 def _json(name: str, raw: bytes, entry: str) -> Any:
@@ -481,31 +488,6 @@ def _specs(data: Any) -> Iterator[str]:
     elif isinstance(data, list):
         for value in data:
             yield from _specs(value)
-
-
-def _types(spec: Any) -> Iterator[str]:
-    if isinstance(spec, dict):
-        if isinstance(spec.get("type"), str):
-            yield spec["type"]
-        for child in spec.get("children_spec", ()):
-            yield from _types(child)
-    elif isinstance(spec, list):
-        for value in spec:
-            yield from _types(value)
-
-
-def _check_pytree_types(name: str, model: Any) -> None:
-    """Every class the program's inputs and outputs use must be registered with pytree."""
-    for text in _specs(model):
-        for type_name in _types(json.loads(text)):
-            if type_name in pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE:
-                continue
-            type_name = _CONTROL.sub("?", type_name[:200])
-            module = type_name.rsplit(".", 1)[0]
-            raise PayloadError(
-                f"{name}: its inputs or outputs are {type_name}, not registered in this "
-                f"process: import {module} before loading"
-            )
 
 
 def _check_payloads(name: str, program: torch.export.ExportedProgram) -> None:

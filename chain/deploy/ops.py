@@ -132,7 +132,7 @@ def run_payload(
 def _fake(inputs: list[torch.Tensor], payload: torch.Tensor, outputs: str) -> list[torch.Tensor]:
     device = _device_of(inputs)
     return [
-        torch.empty(spec.shape, dtype=spec.torch_dtype, device=device)
+        torch.empty(spec.sizes(inputs), dtype=spec.torch_dtype, device=device)
         for spec in specs_from_str(outputs)
     ]
 

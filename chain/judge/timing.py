@@ -390,7 +390,8 @@ def decided(samples: Mapping[str, Sequence[float]], baseline: str, z: float = Z)
 
 def implausible(timings: Mapping[str, Timing], device: str) -> list[str]:
     """The figures not to believe unchecked: a speedup over IMPLAUSIBLE[device], or an
-    interval wider than WIDE (its high end over WIDE times its low end)."""
+    interval across 1 wider than WIDE (its high end over WIDE times its low end); one
+    wholly on one side of 1 decides, however wide."""
     limit = IMPLAUSIBLE.get(device, IMPLAUSIBLE["cpu"])
     out = []
     for name, t in timings.items():
@@ -398,7 +399,7 @@ def implausible(timings: Mapping[str, Timing], device: str) -> list[str]:
             continue
         if t.speedup > limit:
             out.append(f"{name} at {t.speedup:.0f}x (over {limit:g}x on {device})")
-        elif t.speedup_hi > WIDE * max(t.speedup_lo, 1e-12):
+        elif t.speedup_lo < 1.0 < t.speedup_hi and t.speedup_hi > WIDE * t.speedup_lo:
             out.append(f"{name}'s interval {t.speedup_lo:.2f}-{t.speedup_hi:.2f}x (over {WIDE:g}x)")
     return out
 

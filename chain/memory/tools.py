@@ -9,10 +9,11 @@ import os
 import sys
 import unicodedata
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from chain.memory.entry import BadEntry, decode
-from chain.memory.stores import StoreUnavailable, check_key, open_store
+from chain.memory.stores import Store, StoreUnavailable, check_key, open_store
 
 Spec = str | os.PathLike[str] | None
 FOREIGN = "not a decision key: skipped, neither read nor removed"
@@ -53,11 +54,33 @@ def _split(names: Iterator[str]) -> tuple[list[str], list[str]]:
     return ours, foreign
 
 
+DECISIONS = "decisions"  # the folder of decisions inside a cache root (CHAIN_CACHE_DIR)
+
+
+def resolved(store: Spec) -> Spec:
+    """`store` as the stores take it: a cache root (what CHAIN_CACHE_DIR names) that holds
+    no entries of its own but a `decisions` folder means that folder, so that
+    `chain store --store $CHAIN_CACHE_DIR list` lists what the chain remembered there."""
+    if store is None or os.fspath(store).startswith(("redis://", "rediss://", "unix://")):
+        return store
+    root = Path(os.fspath(store)).expanduser()
+    inner = root / DECISIONS
+    if not inner.is_dir() or inner.is_symlink():
+        return store
+    own = [p.stem for p in root.glob("*.json") if _is_key(p.stem)]
+    return store if own else inner
+
+
+def _open(store: Spec) -> Store:
+    """The store `store` names, a cache root meaning its decisions folder (`resolved`)."""
+    return open_store(resolved(store))
+
+
 def entries(store: Spec = None) -> list[dict[str, Any]]:
     """One summary per entry: key, winner, when and where decided, the graph's origin, and
     `check` ("ok" or why the entry would be ignored); a name in the store's space that is
     not a decision key is a row whose check says it was skipped."""
-    opened = open_store(store)
+    opened = _open(store)
     ours, foreign = _split(opened.names())
     out = []
     for key in ours:
@@ -86,7 +109,7 @@ def entries(store: Spec = None) -> list[dict[str, Any]]:
 
 def show(key: str, store: Spec = None) -> dict[str, Any]:
     """The entry under `key` as stored (JSON), plus `check`; KeyError if there is none."""
-    data = open_store(store).get(key)
+    data = _open(store).get(key)
     if data is None:
         raise KeyError(f"no entry {key}")
     try:
@@ -111,7 +134,7 @@ def cleared(store: Spec = None, key: str | None = None) -> tuple[int, list[str]]
     """`clear`, and the names in the store's spaces that are not decision keys: skipped,
     not removed (another program's data, or a planted name), so that one of them never
     stops a clear halfway."""
-    opened = open_store(store)
+    opened = _open(store)
     artefacts = opened.artefacts()
     if key is not None:
         check_key(key)
@@ -128,7 +151,11 @@ def cleared(store: Spec = None, key: str | None = None) -> tuple[int, list[str]]
 def main(argv: Sequence[str]) -> int:
     """`chain store ...`: a one-line error and exit status 2 when the store cannot be used."""
     parser = argparse.ArgumentParser(prog="chain store", description=__doc__)
-    parser.add_argument("--store", help="directory or redis:// URL (default: CHAIN_STORE)")
+    parser.add_argument(
+        "--store",
+        help="directory (a cache root: its decisions folder) or redis:// URL "
+        "(default: CHAIN_STORE)",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="one line per remembered decision")
     show_p = sub.add_parser("show", help="one entry in full (JSON)")
@@ -156,8 +183,8 @@ def _list(store: Spec) -> None:
     """`chain store list`: one line per entry, every stored string made printable."""
     rows = entries(store)
     ours = [r for r in rows if r["check"] != FOREIGN]
-    for r in ours:
-        fields = (r["winner"], r["decided_at"], r["host"], r["origin"])
+    for r in ours:  # labelled by where the graph came from: the model class and its line
+        fields = (r["origin"], f"won by {r['winner']}", r["decided_at"], r["host"])
         what = "  ".join(printable(f, 120) for f in fields)
         shown = what if r["check"] == "ok" else "IGNORED: " + printable(r["check"], 300)
         print(f"{r['key']}  {shown}")
@@ -177,4 +204,4 @@ def _skipped(foreign: list[str]) -> None:
 
 
 def _where(store: Spec) -> str:
-    return open_store(store).location
+    return _open(store).location

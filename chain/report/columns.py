@@ -35,8 +35,9 @@ class Column(Generic[Row]):
 
     `fmt`: a format spec for numbers (".3f") or a function of the value; None shows as
     "-" in the tables and as an empty cell in CSV; a list or tuple is joined by `joiner`.
-    `numeric`: right-aligned in the terminal. `wrap`: may fold onto several lines there;
-    `stretch`: takes the spare width.
+    `numeric`: right-aligned in the terminal. `wrap`: may wrap onto several lines there
+    (on words; a word wider than the column ends in an ellipsis); `stretch`: takes the
+    spare width. `optional`: dropped (rightmost first) when the terminal is too narrow.
     """
 
     name: str
@@ -46,6 +47,7 @@ class Column(Generic[Row]):
     wrap: bool = False
     stretch: bool = False
     joiner: str = "; "
+    optional: bool = False
 
     def value(self, row: Row) -> Any:
         """The raw value, for CSV: numbers unformatted, lists joined, None empty."""
@@ -71,16 +73,23 @@ def texts(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> list[list[str]
     return [[c.text(row) for c in columns] for row in rows]
 
 
-def rich_table(columns: Sequence[Column[Any]], **options: Any) -> Table:
-    """An empty rich Table with `columns` declared; `options` go to `Table` (title, ...)."""
+def rich_table(
+    columns: Sequence[Column[Any]], min_widths: Sequence[int] | None = None, **options: Any
+) -> Table:
+    """An empty rich Table with `columns` declared; `options` go to `Table` (title, ...).
+
+    Cells wrap on words, never inside one: a word wider than its column ends in "...".
+    `min_widths`: per column, the width under which rich may not squeeze it (`fit`).
+    """
     table = Table(**options)
-    for c in columns:
+    for i, c in enumerate(columns):
         table.add_column(
             c.name,
-            overflow="fold",
+            overflow="ellipsis",
             no_wrap=not c.wrap,
             ratio=1 if c.stretch else None,
             justify="right" if c.numeric else "left",
+            min_width=min_widths[i] if min_widths is not None else None,
         )
     return table
 
@@ -88,6 +97,74 @@ def rich_table(columns: Sequence[Column[Any]], **options: Any) -> Table:
 def cells(columns: Sequence[Column[Row]], row: Row) -> list[Text]:
     """A row for a rich table: its texts as Text, so that '[gpu]' stays text, not markup."""
     return [Text(c.text(row)) for c in columns]
+
+
+WRAP_MIN = 16  # the narrowest a wrapping column gets before other columns are dropped
+STRETCH_MIN = 40  # the width a stretching column (a reason) wants before others are dropped
+EMPTY = ("", "-")  # what a cell without a value shows
+
+
+def _widths(columns: Sequence[Column[Any]], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Each column's narrowest width: its longest cell and header for a column that does
+    not wrap, its longest word (up to WRAP_MIN) for one that does: rich's `min_width`."""
+    out = []
+    for i, c in enumerate(columns):
+        column = [r[i] for r in rows]
+        if c.wrap:
+            words = [w for text in [c.name, *column] for w in text.split()]
+            out.append(min(max(map(len, words), default=1), WRAP_MIN))
+        else:
+            out.append(max(len(t) for t in [c.name, *column]))
+    return out
+
+
+def _wants(column: Column[Any], cells: Sequence[str], least: int) -> int:
+    """The width a column wants when deciding what fits: a stretching one up to
+    STRETCH_MIN of its longest cell, any other its narrowest (`least`)."""
+    if not column.stretch:
+        return least
+    return max(least, min(max((len(t) for t in cells), default=0), STRETCH_MIN))
+
+
+def fit(
+    columns: Sequence[Column[Any]], rows: Sequence[Sequence[str]], width: int | None
+) -> tuple[list[int], list[int]]:
+    """(indices of the columns to show, their minimum widths) for a table `width` wide
+    (None: every column). When they do not all fit (a stretching column wanting up to
+    STRETCH_MIN), columns whose cells are all empty go first, then the `optional` ones
+    from the right: what stays wraps on words, and is not cut mid-word."""
+    widths = _widths(columns, rows)
+    wants = [_wants(c, [r[i] for r in rows], widths[i]) for i, c in enumerate(columns)]
+    keep = list(range(len(columns)))
+
+    def needed() -> int:  # borders and padding: 3 per column and 1
+        return sum(wants[i] + 3 for i in keep) + 1
+
+    empty = [i for i in keep if all(r[i] in EMPTY for r in rows)]
+    optional = [i for i in reversed(keep) if columns[i].optional and i not in empty]
+    for i in [*empty, *optional]:
+        if width is None or needed() <= width:
+            break
+        keep.remove(i)
+    return keep, [widths[i] for i in keep]
+
+
+def fitted_table(
+    columns: Sequence[Column[Row]],
+    rows: Sequence[Row],
+    width: int | None = None,
+    style: Callable[[Row], str | None] | None = None,
+    **options: Any,
+) -> Table:
+    """A rich table of `rows` that fits `width` (`fit`): the columns that fit, each at
+    least as wide as its longest word; `style(row)` gives a row's style; `options` go to
+    `Table` (title, caption, ...)."""
+    shown = texts(columns, rows)
+    keep, widths = fit(columns, shown, width)
+    table = rich_table([columns[i] for i in keep], widths, **options)
+    for row, text in zip(rows, shown, strict=True):
+        table.add_row(*(Text(text[i]) for i in keep), style=style(row) if style else None)
+    return table
 
 
 def markdown(columns: Sequence[Column[Any]], rows: Iterable[Sequence[str]]) -> list[str]:

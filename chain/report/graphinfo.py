@@ -261,14 +261,24 @@ def _where(func: str, file: str, line: int | str) -> str:
     return f"{func} ({os.path.basename(file)}:{line})"
 
 
+_by_file: dict[str, types.ModuleType] = {}  # a module's `__file__` -> the module
+_indexed: list[int] = [0]  # how many modules sys.modules held when _by_file was built
+
+
 def _module_of(file: str) -> types.ModuleType | None:
-    """The imported module whose source is `file`, or None (a script run as __main__ too)."""
-    real = os.path.realpath(file)
-    for module in list(sys.modules.values()):
-        source = getattr(module, "__file__", None)
-        if isinstance(source, str) and os.path.realpath(source) == real:
-            return module
-    return None
+    """The imported module whose source is `file`, or None (a script run as __main__ too).
+
+    An index of sys.modules by file, rebuilt when modules were imported since: a graph's
+    origin looks up a few frames, and a scan of thousands of modules each time costs.
+    """
+    if file not in _by_file and len(sys.modules) != _indexed[0]:
+        _by_file.clear()
+        for module in list(sys.modules.values()):
+            source = getattr(module, "__file__", None)
+            if isinstance(source, str):
+                _by_file.setdefault(source, module)
+        _indexed[0] = len(sys.modules)
+    return _by_file.get(file) or _by_file.get(os.path.realpath(file))
 
 
 def _code_span(fn: object) -> tuple[str, int, int] | None:

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
+from rich.text import Text
 
 from backends.common.files import UnsafeFile, atomic_write, read_bounded
 from chain.report import json_fields as jf
-from chain.report.columns import Column, cells, markdown, printable, rich_table, texts, to_csv
+from chain.report.columns import Column, fitted_table, markdown, printable, texts, to_csv
 from chain.report.json_fields import deeper_than, short
 from chain.report.records import FAILURES, REFERENCE, Attempt, GraphRecord, Status
 
@@ -37,11 +38,11 @@ ATTEMPT_COLUMNS: tuple[Column[tuple[GraphRecord, Attempt]], ...] = (
     Column("graph", lambda ga: ga[0].id),
     Column("backend", lambda ga: ga[1].backend),
     Column("status", lambda ga: ga[1].status.value),
-    Column("compile s", lambda ga: ga[1].compile_s, ".2f", numeric=True),
-    Column("latency ms", lambda ga: ga[1].latency_ms, ".3f", numeric=True),
+    Column("compile s", lambda ga: ga[1].compile_s, ".2f", numeric=True, optional=True),
+    Column("latency ms", lambda ga: ga[1].latency_ms, ".3f", numeric=True, optional=True),
     Column("speedup", lambda ga: ga[1].speedup, ".2f", numeric=True),
-    Column("max err", lambda ga: ga[1].max_abs_err, ".1e", numeric=True),
-    Column("err/eager", lambda ga: ga[1].error_ratio, ".2f", numeric=True),
+    Column("max err", lambda ga: ga[1].max_abs_err, ".1e", numeric=True, optional=True),
+    Column("err/eager", lambda ga: ga[1].error_ratio, ".2f", numeric=True, optional=True),
     Column("reason", lambda ga: ga[1].reason, wrap=True, stretch=True),
 )
 
@@ -79,11 +80,11 @@ def recompile_text(record: GraphRecord) -> str | None:
 
 GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
     Column("graph", lambda g: g.id),
-    Column("origin", lambda g: g.origin, wrap=True),
-    Column("nodes", lambda g: g.num_nodes),
-    Column("eager ms", lambda g: g.eager_ms, ".3f"),
+    Column("origin", lambda g: g.origin, wrap=True, stretch=True),
+    Column("nodes", lambda g: g.num_nodes, optional=True),
+    Column("eager ms", lambda g: g.eager_ms, ".3f", optional=True),
     Column("winner", lambda g: g.winner, wrap=True),
-    Column("timing", noise_flag, wrap=True),
+    Column("timing", noise_flag, wrap=True, optional=True),
     Column("recompiles", recompile_text, wrap=True),
     Column("notes", lambda g: g.notes, lambda notes: "; ".join(notes), wrap=True),
 )
@@ -275,24 +276,46 @@ class Report:
             line += f"; {s['noisy']} noisy graph(s): their figures may not hold"
         return line
 
-    def table(self, failures_only: bool = False) -> Group:
-        """Rich tables: the graphs, then their attempts (all, or only the failures)."""
-        graphs = rich_table(
-            GRAPH_COLUMNS, title="backend-chain report: graphs", title_justify="left"
+    def table(self, failures_only: bool = False, width: int | None = None) -> Group:
+        """Rich tables: the graphs, then their attempts (all, or only the failures).
+
+        `width`: the terminal's; columns that would not fit are left out (empty ones, then
+        the optional figures) and cells wrap on words, so nothing is cut mid-word; None
+        keeps every column. With `failures_only`, each failure's whole reason follows.
+        """
+        graphs = fitted_table(
+            GRAPH_COLUMNS,
+            self.graphs,
+            width,
+            title="backend-chain report: graphs",
+            title_justify="left",
         )
-        for graph in self.graphs:
-            graphs.add_row(*cells(GRAPH_COLUMNS, graph))
-        attempts = rich_table(
+        attempts = fitted_table(
             ATTEMPT_COLUMNS,
+            self.attempts(failures_only),
+            width,
+            lambda row: _STYLES.get(row[1].status, "red"),
             title="attempts",
             title_justify="left",
             caption=self.summary_line(),
             caption_justify="left",
         )
-        for row in self.attempts(failures_only):
-            attempts.add_row(*cells(ATTEMPT_COLUMNS, row), style=_STYLES.get(row[1].status, "red"))
-        buckets = self.buckets_table()
-        return Group(graphs, attempts, *([buckets] if buckets is not None else []))
+        buckets = self.buckets_table(width)
+        reasons = self.full_reasons() if failures_only else []
+        return Group(graphs, attempts, *([buckets] if buckets is not None else []), *reasons)
+
+    def full_reasons(self) -> list[Text]:
+        """Each failed attempt's whole reason, a paragraph each, wrapped on words (a word
+        wider than the terminal folds): the table may shorten a reason, not this."""
+        out = [Text("reasons in full:", style="bold")] if self.attempts(True) else []
+        for graph, attempt in self.attempts(True):
+            head = f"graph {graph.id}, {attempt.backend} ({attempt.status.value}): "
+            out.append(Text(printable(head + attempt.reason), overflow="fold"))
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """`rich.print(report)`: the tables fitted to the console's width."""
+        yield self.table(width=options.max_width)
 
     def buckets(self) -> list[tuple[GraphRecord, Bucket]]:
         """(graph, bucket) for every per-shape bucket (chain.run.buckets): one row each."""
@@ -303,21 +326,29 @@ class Report:
         was decided and why it lost (the table, markdown and HTML read these columns)."""
         return texts(BUCKET_COLUMNS, self.buckets())
 
-    def buckets_table(self) -> Table | None:
+    def buckets_table(self, width: int | None = None) -> Table | None:
         """The graphs' per-shape buckets (chain.run.buckets), one row each; None when none."""
         rows = self.buckets()
         if not rows:
             return None
-        table = rich_table(BUCKET_COLUMNS, title="buckets", title_justify="left")
-        for row in rows:
-            table.add_row(*cells(BUCKET_COLUMNS, row))
-        return table
+        return fitted_table(BUCKET_COLUMNS, rows, width, title="buckets", title_justify="left")
 
     def render(self, failures_only: bool = False, width: int = 120) -> str:
-        """The tables as plain text (what `str(report)` prints)."""
+        """The tables as plain text `width` columns wide (what `str(report)` prints)."""
         console = Console(file=io.StringIO(), width=width, force_terminal=False)
-        console.print(self.table(failures_only))
+        console.print(self.table(failures_only, width))
         return console.file.getvalue()  # type: ignore[attr-defined]
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's display: the tables as text, at most 120 columns."""
+        printer.text("Report(...)" if cycle else self.render().rstrip("\n"))
+
+    def _repr_html_(self) -> str:
+        """A notebook's display: the HTML page's summary and tables, without its charts or
+        any script (chain.report.look.html.fragment)."""
+        from chain.report.look import html
+
+        return html.fragment(self)
 
     def to_markdown(self, failures_only: bool = False) -> str:
         """GitHub-flavoured markdown: the graphs table, the attempts table, the summary."""

@@ -287,9 +287,8 @@ def _charts(report: Report) -> list[str]:
     ]
 
 
-def render(report: Report, title: str = "backend-chain report", charts: bool = True) -> str:
-    """The whole page; `charts=False` (or plotly missing) gives tables only, with a note."""
-    body = [f"<h1>{_e(title)}</h1>", _summary(report)]
+def _timeline(report: Report) -> str:
+    """The section of one row per graph, in call order."""
     timeline = _table(
         (
             "graph",
@@ -306,20 +305,55 @@ def render(report: Report, title: str = "backend-chain report", charts: bool = T
         _timeline_rows(report),
         "timeline",
     )
-    body.append(f'<section id="timeline"><h2>Graphs in call order</h2>{timeline}</section>')
+    return f'<section id="timeline"><h2>Graphs in call order</h2>{timeline}</section>'
+
+
+def _graphs(report: Report) -> str:
+    """The section of every graph's attempts."""
+    sections = "".join(_graph_section(g) for g in report.graphs)
+    return f'<section id="graphs"><h2>Attempts per graph</h2>{sections}</section>'
+
+
+def render(report: Report, title: str = "backend-chain report", charts: bool = True) -> str:
+    """The whole page; `charts=False` (or plotly missing) gives tables only, with a note."""
+    body = [f"<h1>{_e(title)}</h1>", _summary(report), _timeline(report)]
     if charts and plotly_available():
         body.append('<section id="charts"><h2>Charts</h2>' + "".join(_charts(report)))
         body.append("</section>")
     else:
         body.append(f'<p class="note" id="no-charts">{_e(NO_PLOTLY)}</p>')
-    body.append('<section id="graphs"><h2>Attempts per graph</h2>')
-    body += [_graph_section(g) for g in report.graphs]
-    body.append("</section>")
+    body.append(_graphs(report))
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"
     )
+
+
+SCOPE = "backend-chain-report"  # the class of the fragment's <div>: its styles stop there
+
+
+def _scoped(css: str) -> str:
+    """`css` with every selector under `.SCOPE` (`body` becoming `.SCOPE` itself), so that
+    the fragment's styles leave the rest of a notebook alone."""
+    rules = []
+    for rule in css.replace("\n", "").split("}"):
+        if "{" not in rule:
+            continue
+        selectors, declarations = rule.split("{", 1)
+        scoped = [
+            f".{SCOPE}" if sel.strip() == "body" else f".{SCOPE} {sel.strip()}"
+            for sel in selectors.split(",")
+        ]
+        rules.append(f"{','.join(scoped)}{{{declarations}}}")
+    return "\n".join(rules)
+
+
+def fragment(report: Report) -> str:
+    """The page's summary and tables as one <div>, without charts or any script, its styles
+    scoped to it: what a notebook shows for a report (`Report._repr_html_`)."""
+    body = _summary(report) + _timeline(report) + _graphs(report)
+    return f'<div class="{SCOPE}"><style>{_scoped(_CSS)}</style>{body}</div>'
 
 
 def save(report: Report, path: str | os.PathLike[str], **kwargs: Any) -> Path:

@@ -22,7 +22,7 @@ import chain.run.buckets.footprint as footprint
 from backends.errors import one_line
 from backends.registry import Backend
 from chain.judge.speed import SpeedRules
-from chain.judge.timing import FASTER, Timing, compare
+from chain.judge.timing import FASTER, TIE, TIE_BAND, UNDECIDED, Timing, compare
 from chain.report.bucket_stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
 from chain.report.records import Attempt, Status
 from chain.run.buckets.remembered import Remembered, entry
@@ -35,6 +35,7 @@ log = logging.getLogger("chain")
 Fn = Callable[..., Any]
 MAX_SEEN = 1024  # shapes counted at once; past it the counts restart (a flood of cold shapes)
 QUIET_S = 120.0  # a bucket's timing waits this long for other compiles to end (seen: 35-50 s)
+BUDGET_S = 0.5  # a bucket's timing budget at least (undecided: up to 5x, as any timing)
 
 
 class General(Protocol):
@@ -251,12 +252,12 @@ class Buckets:
     def _why_not(
         best: Attempt | None, base: Timing, timings: dict[str, Timing], speed: SpeedRules
     ) -> str | None:
-        """Why the fastest fixed-shape candidate does not serve the shape: not measurably
-        faster than the general path (by 1%, paired by round, 99% confidence; an undecided
-        one keeps the general path), or below the eager floor."""
+        """Why the fastest fixed-shape candidate does not serve the shape: it does not beat
+        the general path (`_serves`: paired by round, 99% confidence), or it is below the
+        eager floor."""
         if best is None:
             return "no fixed-shape candidate passed"
-        if compare(base.rounds_s, timings[best.backend].rounds_s).verdict != FASTER:
+        if not _serves(compare(base.rounds_s, timings[best.backend].rounds_s)):
             return "no fixed-shape candidate beat the general path by 1%"
         if (floor := speed.below_floor(best.backend, timings)) is not None:
             return f"{best.backend}: {floor}"
@@ -290,8 +291,10 @@ class Buckets:
         path = f"{GENERAL}{winner}"
         fns[path] = general.fn
         attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
-        # timed in the chain's harness once no other compile runs (QUIET_S at most)
-        speed = dataclasses.replace(sel.speed, quiet_s=QUIET_S)
+        # timed in the chain's harness once no other compile runs (QUIET_S at most), with
+        # at least BUDGET_S for a decision: made once per hot shape, after a compile
+        budget = max(sel.speed.budget_s, BUDGET_S)
+        speed = dataclasses.replace(sel.speed, quiet_s=QUIET_S, budget_s=budget)
         attempts, timings = speed.time(attempts, fns, self.gm, reference)
         if path not in fns:
             bucket.attempts = attempts
@@ -330,3 +333,16 @@ def _against(base: Timing, timing: Timing) -> str:
     """A candidate against the general path, paired by round: `slower, 0.21x (99% CI ...)`."""
     against = compare(base.rounds_s, timing.rounds_s)
     return f"{against.verdict}, {against.interval()}"
+
+
+def _serves(against: Timing) -> bool:
+    """Whether a bucket beats the general path: measurably faster (by 1%, 99%), or, still
+    undecided when its rounds ran out, faster by 1% at the median and, with 99% confidence,
+    at most 3% slower (the harm the chain allows a winner: the interval's low end)."""
+    if against.verdict == FASTER:
+        return True
+    return (
+        against.verdict == UNDECIDED
+        and against.speedup > 1.0 / (1.0 - TIE)
+        and against.speedup_lo >= 1.0 - TIE_BAND
+    )
