@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import fx
 
 from chain.judge.timing import (
@@ -19,13 +18,8 @@ from chain.judge.timing import (
     TIED,
     UNDECIDED,
     Timing,
-    TimingError,
-    lineage,
-    measure,
-    quiet,
 )
 from chain.report.records import Attempt, GraphRecord, Status
-from chain.select.attempt import Mismatch, Reference, failed_attempt
 
 EAGER = "eager"  # the floor's name in reports: eager runs a graph no backend runs faster
 EAGER_BIAS = 0.99  # a compiler must beat eager by 1% to win in "fastest" mode: noise never does
@@ -47,52 +41,6 @@ class SpeedRules:
     budget_s: float
     stall_s: float | None = None  # compile_timeout_s: the longest one timed call may take
     quiet_s: float = QUIET_S  # the longest wait for other compiles to end before timing
-
-    def time(
-        self, attempts: list[Attempt], fns: Fns, gm: fx.GraphModule, reference: Reference
-    ) -> tuple[list[Attempt], dict[str, Timing]]:
-        """Time eager and `fns` in one run; fill in latency, spread, speedup, its interval,
-        the verdict and the run's evidence.
-
-        A candidate that raises while timed becomes a runtime_error and leaves `fns`. The
-        eager backend (by name: what its callable is varies, a lazy graph module's stub
-        with inductor in the chain) and any candidate that returned `gm.forward` itself are
-        the reference: they take its timing, 1.0x by construction, never a second one.
-        """
-        same = [k for k, f in fns.items() if is_reference(k, f, gm)]
-        if len(same) < len(fns):  # candidates to compare: other compiles end first
-            quiet(self.quiet_s, lineage())  # (what still runs then is on the evidence)
-        while True:
-            try:
-                timings = measure(
-                    {EAGER_REF: gm.forward, **{k: f for k, f in fns.items() if k not in same}},
-                    reference.inputs(),
-                    baseline=EAGER_REF,
-                    budget_s=self.budget_s * (1 + UNDECIDED_MORE),
-                    stall_s=self.stall_s,
-                )
-                break
-            except TimingError as err:
-                if err.name not in fns or self.strict:
-                    raise err.exc from None
-                del fns[err.name]
-                attempts = [
-                    failed_attempt(
-                        a.backend,
-                        Status.RUNTIME_ERROR,
-                        err.exc,
-                        reason_prefix="while timed: ",
-                        compile_s=a.compile_s,
-                        details=a.details,
-                    )
-                    if a.backend == err.name
-                    else a
-                    for a in attempts
-                ]
-        timings.update({k: timings[EAGER_REF] for k in same})
-        attempts = _weights_after_timing(attempts, fns, reference)
-        attempts = _verified_after_timing(attempts, fns, reference, self.strict, same)
-        return [timed(a, timings[a.backend]) if a.backend in fns else a for a in attempts], timings
 
     def judge(
         self,
@@ -312,71 +260,3 @@ def _rounds(attempt: Attempt) -> str:
     """`, in 24 rounds` (empty when the run's evidence is not on the attempt)."""
     evidence = attempt.evidence
     return f", in {evidence.rounds} rounds" if evidence is not None else ""
-
-
-def _weights_after_timing(attempts: list[Attempt], fns: Fns, reference: Reference) -> list[Attempt]:
-    """The weights after the timed calls, as after each candidate's first run
-    (`chain.select.isolation`): a change (undone where a snapshot was kept, else
-    WeightsDamaged) makes the candidates timed together a `mismatch`; they leave `fns`. One
-    candidate is timed at a time in `first` mode, so the reason names the one that did it."""
-    timed = [a.backend for a in attempts if a.backend in fns]
-    if reference.watch is None or not timed:
-        return attempts
-    reason = reference.watch.check(", ".join(timed))
-    if reason is None:
-        return attempts
-    if len(timed) > 1:
-        reason += f" (timed together: {', '.join(timed)})"
-    for name in timed:
-        del fns[name]
-    return [
-        dataclasses.replace(
-            a, status=Status.MISMATCH, reason=f"while timed: {reason}", error_type="Mismatch"
-        )
-        if a.backend in timed
-        else a
-        for a in attempts
-    ]
-
-
-def _verified_after_timing(
-    attempts: list[Attempt], fns: Fns, reference: Reference, strict: bool, same: list[str]
-) -> list[Attempt]:
-    """Each timed candidate verified once more, after its many timed calls: one that goes
-    wrong after its first run (stale buffers, a cache, a fault) is a `mismatch` (or a
-    `runtime_error`) and leaves `fns`, rather than win on the first run's verdict."""
-    if reference.unverified or not reference.runnable:
-        return attempts
-    failed: dict[str, Attempt] = {}
-    for a in attempts:
-        if a.backend not in fns or a.backend in same:  # `same`: eager's own forward
-            continue
-        inputs = reference.inputs()
-        try:
-            with torch.no_grad():
-                outputs = fns[a.backend](*inputs)
-        except (Exception, SystemExit) as exc:  # SystemExit: the backend's failure
-            if strict:
-                raise
-            failed[a.backend] = failed_attempt(
-                a.backend,
-                Status.RUNTIME_ERROR,
-                exc,
-                reason_prefix="after timing: ",
-                compile_s=a.compile_s,
-                details=a.details,
-            )
-            continue
-        verdict = reference.verdict(outputs, inputs)
-        if verdict.reason is not None:
-            if strict:
-                raise Mismatch(f"{a.backend}: after timing: {verdict.reason}")
-            failed[a.backend] = dataclasses.replace(
-                a,
-                status=Status.MISMATCH,
-                reason=f"after timing: {verdict.reason}",
-                error_type="Mismatch",
-            )
-    for name in failed:
-        del fns[name]
-    return [failed.get(a.backend, a) for a in attempts]

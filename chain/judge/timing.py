@@ -21,26 +21,24 @@ interval wider than 10x) is timed once more first.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import itertools
 import math
 import os
 import random
 import statistics
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from backends import cancel
 from backends.errors import BackendExit
+from chain.judge.compiles import compiles_running, lineage
+from chain.judge.evidence import Machine, load_average, running_threads
 from chain.report.records import FASTER, REFERENCE, SLOWER, TIED, UNDECIDED, TimingEvidence
-from chain.select.worker import Progress, RunTimeout, within
 
 Z = 2.576  # 99% two-sided: a tie is called a loss (or a win) in well under 1% of graphs
 TIE = 0.01  # a win or a loss must be by over 1%: ratios within 1% of 1 never decide one
@@ -51,6 +49,24 @@ BUSY_LIMIT = 1.0  # other threads runnable while timed, per CPU: at this, no cor
 LOAD_LIMIT = 1.25  # without that count (not Linux): the 1-minute load average per CPU
 WIDE = 10.0  # a speedup interval wider than this (hi / lo): noisy, and re-timed first
 IMPLAUSIBLE = {"cpu": 50.0, "cuda": 500.0}  # speedups re-timed before they are believed
+
+
+@dataclass
+class Progress:
+    """The call in flight in a stage of many calls (timing): the deadline counts per call,
+    except for a call that is not `bounded` (eager's own: the floor is never abandoned)."""
+
+    name: str = ""
+    since: float = field(default_factory=time.perf_counter)
+    bounded: bool = True
+
+    def start(self, name: str, bounded: bool = True) -> None:
+        self.name, self.since, self.bounded = name, time.perf_counter(), bounded
+
+
+# runs `fn(progress)` with each call it starts under a deadline of `stall_s`; raises a
+# TimeoutError when one overruns it (chain.select.worker.timing_deadline)
+Deadline = Callable[[Callable[["Progress"], Any], float, "Progress"], Any]
 
 
 class TimingError(Exception):
@@ -147,57 +163,6 @@ def timings_of(
     return out
 
 
-# -- compiles in flight: timing beside one measures the compile --------------------------
-
-_running: dict[int, str] = {}  # compile id -> backend name
-_ids = itertools.count(1)
-_changed = threading.Condition()
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def compiling(name: str, enclosing: tuple[int, ...] = ()) -> Iterator[None]:
-    """Mark a backend's compile in flight on this thread until it ends (abandoned or not):
-    a compile beside a timing run holds the GIL and the cores (seen: eager timed at 464 ms
-    a call, ~1 ms alone). `enclosing`: the compiles this one runs inside (`lineage()` of
-    the thread that started it), which a timing run inside it does not wait for."""
-    ident = next(_ids)
-    with _changed:
-        _running[ident] = name
-    previous = getattr(_local, "lineage", ())
-    _local.lineage = (*enclosing, ident)
-    try:
-        yield
-    finally:
-        _local.lineage = previous
-        with _changed:
-            del _running[ident]
-            _changed.notify_all()
-
-
-def lineage() -> tuple[int, ...]:
-    """The compiles this thread runs inside (a chain used as another chain's backend)."""
-    return getattr(_local, "lineage", ())
-
-
-def compiles_running(mine: tuple[int, ...] = ()) -> list[str]:
-    """The backends compiling now in this process, but those in `mine`."""
-    with _changed:
-        return [name for ident, name in _running.items() if ident not in mine]
-
-
-def quiet(timeout_s: float, mine: tuple[int, ...] = ()) -> list[str]:
-    """Wait up to `timeout_s` for other compiles to end; those still running."""
-    deadline = time.monotonic() + timeout_s
-    with _changed:
-        while others := [n for i, n in _running.items() if i not in mine]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return others
-            _changed.wait(left)
-    return []
-
-
 # -- the rounds -------------------------------------------------------------------------
 
 
@@ -257,13 +222,15 @@ def measure(
     seed: int = 0,
     z: float = Z,
     stall_s: float | None = None,
+    deadline: Deadline | None = None,
 ) -> dict[str, Timing]:
     """Time every fn (baseline included) in randomly ordered rounds of short blocks, until
     every one is decided against the baseline or `budget_s` is spent; an implausible figure
     is timed once more. Every Timing carries the run's evidence.
 
-    `stall_s`: the longest any one call may take (compile_timeout_s); the timing then runs
-    in a worker thread (chain.select.worker) and a call that overruns it is a TimingError of its fn.
+    `stall_s`: the longest any one call may take (compile_timeout_s); `deadline` then runs
+    the timing under it (in a worker thread: chain.select.worker.timing_deadline), and a call
+    that overruns it is a TimingError of its fn.
     The baseline's calls (eager, the floor) have no deadline: abandoning them leaves no
     fallback, and the reference already ran the graph to its end.
     """
@@ -273,17 +240,12 @@ def measure(
     run = functools.partial(_measured, fns, inputs, baseline, plan, lineage())
     if stall_s is None:
         return run()
+    if deadline is None:
+        raise ValueError("stall_s needs a deadline: the runner of calls under it")
     watch = Progress()
     try:
-        return within(
-            lambda: run(watch),
-            stall_s,
-            RunTimeout,
-            "in one call while timed",
-            thread_name="timing",
-            progress=watch,
-        )
-    except RunTimeout as exc:
+        return deadline(run, stall_s, watch)
+    except TimeoutError as exc:  # the deadline's abandonment (chain.select.worker)
         raise TimingError(watch.name, exc) from None
 
 
@@ -297,7 +259,7 @@ def _measured(
 ) -> dict[str, Timing]:
     """`measure` on this thread: the rounds, a re-timing if a figure is implausible, the
     evidence; `mine`: the compiles the caller runs inside (not noise)."""
-    loads = [_load()]
+    loads = [load_average()]
     compiles = compiles_running(mine)
     start = time.perf_counter()
     runnable: list[int] = []  # threads runnable machine-wide, once a round
@@ -314,7 +276,7 @@ def _measured(
             samples = _rounds(fns, inputs, baseline, again, calls, watch, runnable)
             timings = timings_of(samples, baseline, plan.z)
     seconds = time.perf_counter() - start
-    loads.append(_load())
+    loads.append(load_average())
     compiles += compiles_running(mine)
     machine = Machine(loads, runnable, compiles)
     evidence = _evidence(samples[baseline], timings, device, machine, retimed, seconds)
@@ -402,35 +364,6 @@ def implausible(timings: Mapping[str, Timing], device: str) -> list[str]:
         elif t.speedup_lo < 1.0 < t.speedup_hi and t.speedup_hi > WIDE * t.speedup_lo:
             out.append(f"{name}'s interval {t.speedup_lo:.2f}-{t.speedup_hi:.2f}x (over {WIDE:g}x)")
     return out
-
-
-def running_threads() -> int | None:
-    """Threads runnable now, machine-wide, this one included (Linux: /proc/loadavg's
-    fourth field); None elsewhere. Unlike the 1-minute load average it does not lag: a
-    compile that ended seconds ago is not counted."""
-    try:
-        with open("/proc/loadavg", encoding="ascii") as f:
-            return int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):  # not Linux, or not its format
-        return None
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the machine did around a timing run: load averages at its start and end, the
-    threads runnable after each round, the compiles running in this process."""
-
-    loads: Sequence[float | None]
-    runnable: Sequence[int]
-    compiles: Sequence[str]
-
-
-def _load() -> float | None:
-    """The 1-minute load average (None where the platform has none)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on this platform
-        return None
 
 
 def _evidence(

@@ -16,8 +16,8 @@ from torch import fx
 
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
+from chain.judge.compiles import compiling, lineage
 from chain.judge.fp64 import Later
-from chain.judge.timing import compiling, lineage
 from chain.judge.verify import Verdict, compare, compare_writes
 from chain.report.records import Attempt, Status
 from chain.select.isolation import Isolation, WeightWatch, compile_copy, fresh_copy
@@ -165,7 +165,7 @@ def _compile(
     timeout_s: float | None,
 ) -> Callable[..., Any]:
     """Call the backend; with a timeout, in a thread abandoned if it hangs (chain.select.worker).
-    The compile is marked in flight (`chain.judge.timing.compiling`) until it ends, even
+    The compile is marked in flight (`chain.judge.compiles.compiling`) until it ends, even
     abandoned: no timing runs beside it unflagged."""
     enclosing = lineage()
 

@@ -24,6 +24,7 @@ from chain.run.graphs import mark, prefer_graphed
 from chain.select.attempt import Reference, try_backend
 from chain.select.concrete import concretize
 from chain.select.isolation import Isolation
+from chain.select.timed import time_candidates
 
 
 class Candidates:
@@ -135,7 +136,9 @@ class Candidates:
                 fn = None
             if fn is not None and self._timed(reference) and self.mode == "first":
                 # timed at once: a candidate that fails while timed leaves room for the next
-                [attempt], timings = self.speed.time([attempt], {backend.name: fn}, gm, reference)
+                [attempt], timings = time_candidates(
+                    self.speed, [attempt], {backend.name: fn}, gm, reference
+                )
                 eager = timings[EAGER_REF]
                 attempt, fn = self.speed.judge(
                     attempt, fn, self._last(backend), timings, slow, floored
@@ -151,7 +154,7 @@ class Candidates:
                 )
                 eager = timed or eager
         if self._timed(reference) and passed and self.mode == "fastest":
-            attempts, timings = self.speed.time(attempts, passed, gm, reference)
+            attempts, timings = time_candidates(self.speed, attempts, passed, gm, reference)
             eager = timings.get(EAGER_REF)
         if self.mode == "fastest":
             attempts = self.speed.pick_fastest(attempts, eager)
@@ -221,7 +224,9 @@ class Candidates:
         plain, eager = attempts.pop(), None
         if backend.name not in passed:  # plain lost on speed: the variant is timed on its own
             if self._timed(reference):
-                [attempt], timings = self.speed.time([attempt], {variant.name: fn}, gm, reference)
+                [attempt], timings = time_candidates(
+                    self.speed, [attempt], {variant.name: fn}, gm, reference
+                )
                 eager = timings[EAGER_REF]
                 attempt, fn = self.speed.judge(attempt, fn, self._last(backend), timings, *lost)
             if fn is not None:
@@ -230,7 +235,7 @@ class Candidates:
             return eager
         if self._timed(reference):
             fns = {backend.name: passed[backend.name], variant.name: fn}
-            pair, timings = self.speed.time([plain, attempt], fns, gm, reference)
+            pair, timings = time_candidates(self.speed, [plain, attempt], fns, gm, reference)
             eager = timings[EAGER_REF]
             plain, attempt = pair
             if attempt.status is Status.WON and (

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -25,6 +25,7 @@ from torch._guards import CompileContext, TracingContext, compile_context
 from torch._guards import tracing as tracing_context
 
 from backends import cancel
+from chain.judge.timing import Progress
 
 T = TypeVar("T")
 log = logging.getLogger("chain")
@@ -50,19 +51,6 @@ class CompileTimeout(Abandoned):
 
 class RunTimeout(Abandoned):
     """A compiled candidate's call did not return within the chain's compile timeout."""
-
-
-@dataclass
-class Progress:
-    """The call in flight in a stage of many calls (timing): the deadline counts per call,
-    except for a call that is not `bounded` (eager's own: the floor is never abandoned)."""
-
-    name: str = ""
-    since: float = field(default_factory=time.perf_counter)
-    bounded: bool = True
-
-    def start(self, name: str, bounded: bool = True) -> None:
-        self.name, self.since, self.bounded = name, time.perf_counter(), bounded
 
 
 @dataclass(frozen=True)
@@ -189,3 +177,16 @@ def _discarded(name: str, future: concurrent.futures.Future[Any]) -> None:
     exc = future.exception()
     outcome = "returned" if exc is None else f"raised {type(exc).__name__}: {exc}"
     log.debug("%s (abandoned) finally %s; discarded", name, outcome)
+
+
+def timing_deadline(run: Callable[[Progress], T], stall_s: float, progress: Progress) -> T:
+    """`run(progress)` on a worker thread, each call it starts under `stall_s`
+    (chain.judge.timing.measure's deadline); RunTimeout when one overruns it."""
+    return within(
+        lambda: run(progress),
+        stall_s,
+        RunTimeout,
+        "in one call while timed",
+        thread_name="timing",
+        progress=progress,
+    )

@@ -29,6 +29,7 @@ from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
 from chain.run.watch import Watch
 from chain.select.attempt import Reference
+from chain.select.timed import time_candidates
 
 log = logging.getLogger("chain")
 
@@ -295,7 +296,7 @@ class Buckets:
         # at least BUDGET_S for a decision: made once per hot shape, after a compile
         budget = max(sel.speed.budget_s, BUDGET_S)
         speed = dataclasses.replace(sel.speed, quiet_s=QUIET_S, budget_s=budget)
-        attempts, timings = speed.time(attempts, fns, self.gm, reference)
+        attempts, timings = time_candidates(speed, attempts, fns, self.gm, reference)
         if path not in fns:
             bucket.attempts = attempts
             bucket.reason = "the general path failed while timed on this shape"

@@ -165,7 +165,7 @@ class Expected:
             if isinstance(x, torch.Tensor) and x.numel()
         }
         specs = []
-        constants = _constant_outputs(gm, len(leaves))
+        constants = constant_outputs(gm, len(leaves))
         fresh: list[int] = []  # outputs in memory of their own (no input's, no constant's)
         for i, out in enumerate(leaves):
             if not isinstance(out, torch.Tensor):
@@ -315,7 +315,7 @@ def _layout(t: torch.Tensor, s: OutputSpec, args: Sequence[Any]) -> str | None:
     return None
 
 
-def _constant_outputs(gm: fx.GraphModule, count: int) -> set[int]:
+def constant_outputs(gm: fx.GraphModule, count: int) -> set[int]:
     """Flat outputs the graph returns straight from its attributes (the same each call)."""
     out = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if out is None:
