@@ -19,7 +19,13 @@ from backends.common.files import UnsafeFile, atomic_write, read_bounded
 from chain.report import json_fields as jf
 from chain.report.columns import Column, fitted_table, markdown, printable, texts, to_csv
 from chain.report.json_fields import deeper_than, short
-from chain.report.records import FAILURES, REFERENCE, Attempt, GraphRecord, Status
+from chain.report.records import FAILURES, Attempt, GraphRecord, Status
+from chain.report.texts import (
+    BUCKET_COLUMNS,
+    bucket_rows,
+    noise_flag,
+    recompile_text,
+)
 
 if TYPE_CHECKING:
     from chain.report.bucket_stats import Bucket
@@ -47,37 +53,6 @@ ATTEMPT_COLUMNS: tuple[Column[tuple[GraphRecord, Attempt]], ...] = (
 )
 
 
-def against_eager(attempt: Attempt) -> str | None:
-    """The speed verdict with its 99% interval: `faster 1.38-1.52x`, `reference` for eager
-    itself; None when not timed."""
-    if attempt.verdict is None:
-        return None
-    if attempt.speedup_lo is None or attempt.speedup_hi is None or attempt.verdict == REFERENCE:
-        return attempt.verdict
-    return f"{attempt.verdict} {attempt.speedup_lo:.2f}-{attempt.speedup_hi:.2f}x"
-
-
-def timing_text(record: GraphRecord) -> str | None:
-    """How the graph's figures were timed, `noisy: why` first when they may not hold."""
-    timing = record.timing
-    return None if timing is None else str(timing)
-
-
-def noise_flag(record: GraphRecord) -> str | None:
-    """The tables' short form: `noisy: why` when the figures may not hold, else `ok`."""
-    timing = record.timing
-    if timing is None:
-        return None
-    return f"noisy: {'; '.join(timing.noisy)}" if timing.noisy else f"ok ({timing.rounds} rounds)"
-
-
-def recompile_text(record: GraphRecord) -> str | None:
-    """`graph N: why` for a recompile (why: dynamo's failed guard), None for a first compile."""
-    if record.recompiles is None:
-        return None
-    return f"graph {record.recompiles}: {record.recompile_reason or 'reason not recorded'}"
-
-
 GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
     Column("graph", lambda g: g.id),
     Column("origin", lambda g: g.origin, wrap=True, stretch=True),
@@ -90,28 +65,6 @@ GRAPH_COLUMNS: tuple[Column[GraphRecord], ...] = (
 )
 
 
-def _decided(bucket: Bucket) -> str:
-    """Where a bucket was decided: `here`, or `remembered <when>` (chain.memory)."""
-    if bucket.remembered is None:
-        return "here"
-    return f"remembered {bucket.remembered.get('decided_at') or ''}".rstrip()
-
-
-BUCKET_COLUMNS: tuple[Column[tuple[GraphRecord, Bucket]], ...] = (
-    Column("graph", lambda gb: gb[0].id),
-    Column("shape", lambda gb: gb[1].shape, wrap=True),
-    Column("state", lambda gb: gb[1].state),
-    Column("winner", lambda gb: gb[1].winner or f"general:{gb[1].general}"),
-    Column("calls", lambda gb: gb[1].calls, numeric=True),
-    Column(
-        "speedup",
-        lambda gb: gb[1].speedup,
-        lambda v: "-" if v is None else f"{v:.2f}x",
-        numeric=True,
-    ),
-    Column("decided", lambda gb: _decided(gb[1])),
-    Column("reason", lambda gb: gb[1].reason, wrap=True, stretch=True),
-)
 _STYLES = {
     Status.WON: "bold green",
     Status.SLOWER: "yellow",
@@ -324,7 +277,7 @@ class Report:
     def bucket_rows(self) -> list[list[str]]:
         """One row per bucket: graph, shape, state, who serves it, calls, speedup, where it
         was decided and why it lost (the table, markdown and HTML read these columns)."""
-        return texts(BUCKET_COLUMNS, self.buckets())
+        return bucket_rows(self.graphs)
 
     def buckets_table(self, width: int | None = None) -> Table | None:
         """The graphs' per-shape buckets (chain.run.buckets), one row each; None when none."""

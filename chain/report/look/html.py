@@ -11,13 +11,19 @@ import importlib.util
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from backends.common.files import atomic_write
 from chain.judge.accuracy import MULTIPLE
 from chain.report.bucket_stats import BucketStats
 from chain.report.records import REFERENCE, Attempt, GraphRecord, Status
-from chain.report.report import BUCKET_COLUMNS, Report, against_eager, recompile_text, timing_text
+from chain.report.texts import (
+    BUCKET_COLUMNS,
+    against_eager,
+    bucket_rows,
+    recompile_text,
+    timing_text,
+)
 
 NO_PLOTLY = (
     "Charts left out: plotly is not installed here "
@@ -83,6 +89,15 @@ def _table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "")
 
 def _n(text: str) -> str:
     return "\x00n" + text
+
+
+class Report(Protocol):
+    """What the page reads of a report (chain.report.report.Report): its graphs and summary."""
+
+    graphs: list[GraphRecord]
+
+    def summary(self) -> dict[str, Any]: ...
+    def summary_line(self) -> str: ...
 
 
 def _summary(report: Report) -> str:
@@ -214,15 +229,13 @@ def _graph_section(graph: GraphRecord) -> str:
 
 def _buckets(graph: GraphRecord, stats: BucketStats) -> str:
     """The graph's per-shape buckets (chain.run.buckets): the report's bucket columns."""
-    one = Report()
-    one.graphs.append(graph)
     numeric = {c.name for c in BUCKET_COLUMNS if c.numeric}
     rows = [
         [
             _n(_e(t)) if c.name in numeric else _e(t)
             for c, t in zip(BUCKET_COLUMNS, row, strict=True)
         ]
-        for row in one.bucket_rows()
+        for row in bucket_rows([graph])
     ]
     title = (
         f"Buckets (after {stats.bucket_after} calls of a shape, at most {stats.max_buckets}; "
