@@ -23,6 +23,7 @@ import torch
 import chain.judge.speed as speed
 import chain.judge.timing as timing
 from chain import GraphRecord, Status, chain
+from chain.judge.compiles import compiles_running, compiling, lineage, quiet
 from chain.judge.timing import (
     FASTER,
     REFERENCE,
@@ -30,14 +31,10 @@ from chain.judge.timing import (
     TIED,
     UNDECIDED,
     compare,
-    compiles_running,
-    compiling,
     decided,
     implausible,
-    lineage,
     measure,
     median_ci,
-    quiet,
     timings_of,
     verdict_of,
 )
