@@ -78,45 +78,52 @@ def _llama() -> nn.Module:
     return LlamaModel(config)
 
 
-def _gpt_neox() -> nn.Module:
-    from transformers import GPTNeoXConfig, GPTNeoXModel
+# the dynamic=True architectures: (config class, model class, config), all in `transformers`
+_CONFIGS: dict[str, tuple[str, str, dict[str, object]]] = {
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXModel", {
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 64, "max_position_embeddings": 64, "use_cache": False,
+    }),
+    "falcon": ("FalconConfig", "FalconModel", {
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "use_cache": False,
+    }),
+    "phi": ("PhiConfig", "PhiModel", {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 64, "use_cache": False,
+    }),
+    "gemma": ("GemmaConfig", "GemmaModel", {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "max_position_embeddings": 64, "use_cache": False,
+    }),
+    "clip_text": ("CLIPTextConfig", "CLIPTextModel", {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 64,
+    }),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model", {
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 64, "conv_dim": (16, 16), "conv_stride": (5, 2),
+        "conv_kernel": (10, 3), "num_feat_extract_layers": 2, "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4,
+    }),
+    "bloom": ("BloomConfig", "BloomModel", {"hidden_size": 32, "n_layer": 2, "n_head": 4,
+                                            "use_cache": False}),
+}  # fmt: skip
+NO_VOCAB = {"wav2vec2"}  # audio: its config is built without a vocabulary size
 
-    config = GPTNeoXConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, use_cache=False,
-    )  # fmt: skip
-    return GPTNeoXModel(config)
 
+def _from_config(name: str) -> Callable[[], nn.Module]:
+    """A builder of architecture `name` from its `_CONFIGS` entry."""
 
-def _falcon() -> nn.Module:
-    from transformers import FalconConfig, FalconModel
+    def build() -> nn.Module:
+        import transformers
 
-    config = FalconConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        use_cache=False,
-    )  # fmt: skip
-    return FalconModel(config)
+        config_class, model_class, config = _CONFIGS[name]
+        vocab = {} if name in NO_VOCAB else {"vocab_size": VOCAB}
+        made = getattr(transformers, config_class)(**vocab, **config)
+        return getattr(transformers, model_class)(made)
 
-
-def _phi() -> nn.Module:
-    from transformers import PhiConfig, PhiModel
-
-    config = PhiConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=64, use_cache=False,
-    )  # fmt: skip
-    return PhiModel(config)
-
-
-def _gemma() -> nn.Module:
-    from transformers import GemmaConfig, GemmaModel
-
-    config = GemmaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-        use_cache=False,
-    )  # fmt: skip
-    return GemmaModel(config)
+    return build
 
 
 def _whisper_encoder() -> nn.Module:
@@ -130,48 +137,14 @@ def _whisper_encoder() -> nn.Module:
     return WhisperEncoder(config)
 
 
-def _clip_text() -> nn.Module:
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    config = CLIPTextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=64,
-    )  # fmt: skip
-    return CLIPTextModel(config)
-
-
-def _wav2vec2() -> nn.Module:
-    from transformers import Wav2Vec2Config, Wav2Vec2Model
-
-    config = Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2,
-        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
-    )  # fmt: skip
-    return Wav2Vec2Model(config)
-
-
-def _bloom() -> nn.Module:
-    from transformers import BloomConfig, BloomModel
-
-    config = BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False)
-    return BloomModel(config)
-
-
 _BUILDERS: dict[str, Callable[[], nn.Module]] = {
     "bert": _bert,
     "gpt2": _gpt2,
     "t5_encoder": _t5_encoder,
     "vit": _vit,
     "llama": _llama,
-    "gpt_neox": _gpt_neox,
-    "falcon": _falcon,
-    "phi": _phi,
-    "gemma": _gemma,
     "whisper_encoder": _whisper_encoder,
-    "clip_text": _clip_text,
-    "wav2vec2": _wav2vec2,
-    "bloom": _bloom,
+    **{name: _from_config(name) for name in _CONFIGS},
 }
 ARCHITECTURES = (
     "gpt_neox", "falcon", "phi", "gemma", "whisper_encoder", "vit", "clip_text", "wav2vec2",

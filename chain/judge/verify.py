@@ -125,9 +125,7 @@ def compare(
         ref = ref_leaves[i] if ref_leaves is not None else None
         if isinstance(ref, torch.Tensor) and exp_c.is_floating_point():
             reduced = reductions[i] if i < len(reductions) else 1
-            result = output_error(i, ref, exp_c, act_c, reduced=reduced)
-            if worst is None or result.severity > worst.severity:
-                worst = result
+            worst = _worse(worst, result := output_error(i, ref, exp_c, act_c, reduced=reduced))
             if not result.passed:
                 return Verdict(result.reason(), biggest, result)
             continue
@@ -136,9 +134,7 @@ def compare(
             return Verdict(f"output {i}: no recorded error to bound it by", biggest, worst)
         if ref is None and known is not None and exp_c.is_floating_point():
             reduced = reductions[i] if i < len(reductions) else 1
-            result = near_eager(i, exp_c, act_c, known, reduced=reduced)
-            if worst is None or result.severity > worst.severity:
-                worst = result
+            worst = _worse(worst, result := near_eager(i, exp_c, act_c, known, reduced=reduced))
             if not result.passed:
                 return Verdict(result.reason(), biggest, result)
             continue
@@ -153,6 +149,11 @@ def compare(
                 worst,
             )
     return Verdict(None, biggest, worst)
+
+
+def _worse(worst: OutputError | None, result: OutputError) -> OutputError:
+    """The more severe of the worst output so far and `result`."""
+    return result if worst is None or result.severity > worst.severity else worst
 
 
 def compare_writes(
