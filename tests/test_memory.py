@@ -22,9 +22,8 @@ import chain.memory.key as memory_key
 import chain.select.candidates as candidates
 from backends.errors import InvalidOption
 from chain import Report, Status, chain
-from chain.memory import MemoryWarning
+from chain.memory import MemoryWarning, clear, entries, show
 from chain.memory.entry import decode
-from chain.store import clear, entries, show
 from tests.helpers import fresh_process, memory_env
 from tests.models import MLP
 

@@ -1,4 +1,4 @@
-"""`chain.store` and `python -m chain store list|show KEY|clear [KEY]`: what the decision
+"""`chain.memory` and `python -m chain store list|show KEY|clear [KEY]`: what the decision
 store holds, one entry in full, and removing entries. `--store` (or CHAIN_STORE) picks it."""
 
 from __future__ import annotations
