@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with torch.no_grad():
         err = (out - model(*inputs)).abs().max().item()
     console.print(f"max abs difference from eager: {err:.2e}")
-    console.print(backend.report.table())
+    console.print(backend.report)  # fits the terminal (Report.__rich_console__)
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if device.type == "cpu" and load > 0.5 * cores:
         console.print(
