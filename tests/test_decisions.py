@@ -22,6 +22,7 @@ import torch
 
 import chain.judge.speed as speed
 import chain.judge.timing as timing
+import chain.select.timed as selection_timing
 from chain import GraphRecord, Status, chain
 from chain.judge.compiles import compiles_running, compiling, lineage, quiet
 from chain.judge.timing import (
@@ -352,13 +353,13 @@ def test_eager_is_the_reference_with_inductor_in_fastest_mode(
     """Inductor makes eager's callable a lazy graph module's stub, not `gm.forward`: eager
     is still recognized (by name), never timed as a candidate, 1.0x exactly, one bar."""
     timed: list[list[str]] = []
-    real = speed.measure
+    real = selection_timing.measure
 
     def recording(fns: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         timed.append(list(fns))
         return real(fns, *args, **kwargs)
 
-    monkeypatch.setattr(speed, "measure", recording)
+    monkeypatch.setattr(selection_timing, "measure", recording)
     torch._dynamo.reset()
     model, args = build("mlp")
     backend = chain("inductor", "eager", mode="fastest", measure_budget_s=0.05)
