@@ -3,7 +3,8 @@ backend that can export, and take dynamic shapes.
 
 - Swin and DistilBERT programs (tiny configs, random weights) load and run in a fresh
   process where importing transformers fails: their outputs come as stand-ins with the
-  same fields and values, with one `StandInWarning` per load.
+  same fields and values, with one `StandInWarning` per load; likewise a program whose
+  input and output are a class of this module (called there with a plain dict).
 - With `chain("inductor", "onnxruntime", "eager")` inductor wins and cannot export: the
   program carries ONNX Runtime parts, and the notes say so.
 - A `dynamic_shapes` export runs at three batch sizes and two lengths, as eager does.
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 from torch.export import Dim
+from torch.utils import _pytree as pytree
 
 import chain
 from backends.common.payload import PayloadError, SizeOf, TensorSpec
@@ -32,9 +34,42 @@ from tests.helpers import fresh_process
 from tests.models import MLP
 
 pytest.importorskip("transformers")
+
+
+class Pair(dict):  # type: ignore[type-arg]
+    """An input and output class of this module, which the serving process never imports."""
+
+
+PAIR = f"{__name__}.Pair"
+pytree.register_pytree_node(
+    Pair,
+    lambda p: (list(p.values()), list(p.keys())),
+    lambda values, keys: Pair(zip(keys, values, strict=True)),
+    serialized_type_name=PAIR,
+    flatten_with_keys_fn=lambda p: ([(pytree.MappingKey(k), v) for k, v in p.items()], list(p)),
+)
+
+
+class PairModel(torch.nn.Module):
+    """Takes a Pair, returns a Pair."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, pair: Pair) -> Pair:
+        return Pair(a=self.linear(pair["a"]), b=pair["a"] + pair["b"])
+
+
+def _pair() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    torch.manual_seed(0)
+    return PairModel().eval(), (Pair(a=torch.randn(2, 4), b=torch.randn(2, 4)),)
+
+
 RECORDED = {
     "swin": "transformers.models.swin.modeling_swin.SwinModelOutput",
     "distilbert": "transformers.modeling_outputs.BaseModelOutput",
+    "pair": PAIR,  # its input too: the serving process passes a plain dict
 }
 FRESH = """
 import json, sys, warnings
@@ -78,7 +113,7 @@ print(json.dumps(facts))
 
 
 def _export_ort(name: str) -> tuple[chain.ExportResult, torch.nn.Module, tuple[Any, ...]]:
-    model, args = build(name)
+    model, args = _pair() if name == "pair" else build(name)
     backend = chain.chain("onnxruntime", "eager", measure=False)
     return chain.export(model, args, backend=backend), model, args
 
@@ -87,15 +122,22 @@ def _export_ort(name: str) -> tuple[chain.ExportResult, torch.nn.Module, tuple[A
 def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Swin and DistilBERT saved here, loaded and run in one fresh process; eager's outputs."""
     folder = tmp_path_factory.mktemp("anywhere")
-    expected = {}
+    expected, notes = {}, {}
     for name in RECORDED:
         result, model, args = _export_ort(name)
+        notes[name] = result.notes
         torch.export.save(result.program, folder / f"{name}.pt2")
-        torch.save(args, folder / f"{name}.in")
+        torch.save(
+            tuple(dict(a) if isinstance(a, Pair) else a for a in args), folder / f"{name}.in"
+        )
         with torch.no_grad():
             expected[name] = dict(model(*args).items())
     facts = fresh_process(FRESH, str(folder), *RECORDED)
-    return {"folder": folder, "facts": facts, "expected": expected}
+    return {"folder": folder, "facts": facts, "expected": expected, "notes": notes}
+
+
+def test_custom_input_class_is_not_pickled_in_the_program(served: dict[str, Any]) -> None:
+    assert any("sample inputs not saved" in n for n in served["notes"]["pair"])
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))

@@ -32,7 +32,7 @@ from chain.core import Chain
 from chain.deploy import ops
 from chain.deploy.capture import capture
 from chain.deploy.stitch import stitch
-from chain.deploy.structure import structure_notes
+from chain.deploy.structure import structure_notes, without_sample_inputs
 from chain.fp64 import fp64_reference
 from chain.records import Attempt, GraphRecord, Status
 from chain.report import Report
@@ -121,10 +121,8 @@ def export(
             strict=False,
         )
     _check(model, program, args, kwargs)
-    notes = [*notes, exported.note, *structure_notes(program)]
-    the_chain.report.graphs[record.id] = dataclasses.replace(
-        record, notes=(*record.notes, *notes)
-    )
+    notes = [*notes, exported.note, *structure_notes(program), *without_sample_inputs(program)]
+    the_chain.report.graphs[record.id] = dataclasses.replace(record, notes=(*record.notes, *notes))
     summaries = [p.summary() for p in exported.parts.values()]
     return ExportResult(program, the_chain.report, summaries, exported.fallback, notes)
 
@@ -214,9 +212,7 @@ def verify(part: Part) -> str | None:
     reductions = reduction_lengths(part.graph)
     if fp64 is None or len(fp64) != len(part.expected) or len(reductions) != len(fp64):
         return compare(tuple(part.expected), actual, layout=False).reason
-    verdict = compare(
-        tuple(part.expected), actual, fp64=fp64, reductions=reductions, layout=False
-    )
+    verdict = compare(tuple(part.expected), actual, fp64=fp64, reductions=reductions, layout=False)
     return verdict.reason
 
 
