@@ -13,6 +13,7 @@ backend that can export, and take dynamic shapes.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -249,6 +250,9 @@ def test_inductor_winner_exports_onnxruntime_parts(tmp_path: Path) -> None:
     assert record.winner == "inductor"
     assert [p["backend"] for p in result.parts] == ["onnxruntime"]
     assert result.notes[0].startswith("inductor won; exported onnxruntime")
+    if record.eager_ms is not None:  # the chain timed: the part is timed at export too
+        timed = r"onnxruntime, \d+\.\dx \(the chain did not try it: timed at export\)"
+        assert re.search(timed, result.notes[0]), result.notes[0]
     assert result.notes[0] in record.notes
     torch.export.save(result.program, tmp_path / "mlp.pt2")
     with torch.no_grad():
@@ -264,7 +268,9 @@ def test_export_order_takes_the_fastest_passed_exporter_not_one_slower_than_eage
     ort = Attempt("onnxruntime", Status.SLOWER, latency_ms=0.4, speedup=3.0, verdict="faster")
     order = export_order(_record("inductor", won, ort))
     assert [a.backend for a in order] == ["onnxruntime"]
-    assert _instead("inductor", ort) == "inductor won; exported onnxruntime, 3.0x"
+    graph = torch.fx.symbolic_trace(MLP())  # not timed: the attempt carries its speedup
+    note = _instead(_record("inductor", won, ort), ort, graph, graph, (torch.randn(2, 32),))
+    assert note == "inductor won; exported onnxruntime, 3.0x"
     slow = Attempt("onnxruntime", Status.SLOWER, latency_ms=2.0, speedup=0.5, verdict="slower")
     assert export_order(_record("inductor", won, slow)) == []
     # eager won: the program stays PyTorch by choice, unless ORT declined (parts of) it
