@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from torch import nn
 
 import chain as chain_module
@@ -197,6 +199,9 @@ def test_the_table_fits_and_never_breaks_a_word(width: int) -> None:
             assert token in words or cut, f"{token!r} is a piece of a word at {width} columns"
     assert "reason" in out and "sym_sqrt_default" in out and "unavailable" in out
     assert ("latency ms" in out) is (width == 120)  # an optional figure, left out at 80
+    console = Console(file=io.StringIO(), width=width)
+    console.print(report)  # rich's own print fits the console the same way
+    assert console.file.getvalue() == out  # type: ignore[attr-defined]
 
 
 def test_failures_add_every_reason_in_full() -> None:

@@ -41,6 +41,9 @@ def export_parts(request: ExportRequest) -> ExportedParts | None:
     compiled = request.compiled
     if not isinstance(compiled, CompiledGraph):
         return None
+    if request.dynamic_dims:  # fixed-size engines: the program's own export would fail
+        logger.warning("TensorRT engines have fixed sizes: not exported with dynamic_shapes")
+        return None
     gm = compiled.gm
     engines = {
         name: module

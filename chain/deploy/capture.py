@@ -112,7 +112,11 @@ def symbolic_dims(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
     for position, node in enumerate(gm.graph.find_nodes(op="placeholder")):
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
-            found = tuple(d for d, s in enumerate(value.shape) if not isinstance(s, int))
+            found = tuple(
+                d
+                for d, s in enumerate(value.shape)
+                if isinstance(s, torch.SymInt) and not s.node.expr.is_number
+            )
             if found:
                 dims[position] = found
     return dims

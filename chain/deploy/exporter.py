@@ -30,9 +30,10 @@ from backends.common.parts import ExportedParts, ExportRequest, Part
 from backends.registry import registry
 from chain.deploy.capture import capture
 from chain.deploy.stitch import stitch
-from chain.deploy.structure import structure_notes
+from chain.deploy.structure import structure_notes, without_sample_inputs
 from chain.judge.accuracy import reduction_lengths
 from chain.judge.fp64 import fp64_reference
+from chain.judge.timing import measure
 from chain.judge.verify import compare
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.report.report import Report
@@ -98,7 +99,7 @@ def export(
     with torch.no_grad():
         guard = the_chain(gm, flat)
         record = the_chain.report.graphs[guard.graph_id]
-        exported, notes = _exported_parts(
+        exported, used = _exported_parts(
             gm,
             tuple(flat),
             guard.fn,
@@ -110,6 +111,7 @@ def export(
         for part in exported.parts.values():
             _verify_all(part)
     stitched = stitch(exported.gm, exported.parts)
+    notes = [] if used is None else [_instead(record, used, gm, stitched, tuple(flat))]
     stitched.graph._codegen = captured.codegen
     stitched.recompile()
     with torch.no_grad():
@@ -121,10 +123,8 @@ def export(
             strict=False,
         )
     _check(model, program, args, kwargs)
-    notes = [*notes, exported.note, *structure_notes(program)]
-    the_chain.report.graphs[record.id] = dataclasses.replace(
-        record, notes=(*record.notes, *notes)
-    )
+    notes = [*notes, exported.note, *structure_notes(program), *without_sample_inputs(program)]
+    the_chain.report.graphs[record.id] = dataclasses.replace(record, notes=(*record.notes, *notes))
     summaries = [p.summary() for p in exported.parts.values()]
     return ExportResult(program, the_chain.report, summaries, exported.fallback, notes)
 
@@ -137,9 +137,9 @@ def _exported_parts(
     torch_executed_ops: frozenset[str],
     min_block_size: int,
     dynamic_dims: dict[int, tuple[int, ...]],
-) -> tuple[ExportedParts, list[str]]:
+) -> tuple[ExportedParts, Attempt | None]:
     """The parts of the first candidate (`export_order`) whose exporter returns some, and
-    the notes saying which backend was exported when it is not the winner."""
+    that candidate's attempt when it is not the winner."""
     winner = record.winner
     for attempt in export_order(record):
         name = attempt.backend
@@ -156,8 +156,8 @@ def _exported_parts(
         )
         exported = registry.lookup(name).exporter(request)  # type: ignore[misc]
         if exported is not None:
-            return exported, ([] if won else [_instead(winner, attempt)])
-    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph)"), []
+            return exported, (None if won else attempt)
+    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph)"), None
 
 
 def _exportable(name: str) -> bool:
@@ -184,16 +184,29 @@ def export_order(record: GraphRecord) -> list[Attempt]:
     return [*won, *passed, *untried, *declined]
 
 
-def _instead(winner: str | None, attempt: Attempt) -> str:
-    """`inductor won; exported onnxruntime, 3.0x`: the note when the winner could not export."""
-    name = attempt.backend
-    if attempt.status is Status.UNSUPPORTED:
-        return f"{winner} won; exported {name} parts ({name} declined the whole graph)"
-    if attempt.status is Status.NOT_TRIED:
-        return f"{winner} won; exported {name} (not tried by the chain: verified, not timed)"
-    if attempt.speedup is None:
-        return f"{winner} won; exported {name} (passed, not timed)"
-    return f"{winner} won; exported {name}, {attempt.speedup:.1f}x"
+def _instead(
+    record: GraphRecord,
+    used: Attempt,
+    gm: fx.GraphModule,
+    stitched: fx.GraphModule,
+    flat: tuple[Any, ...],
+) -> str:
+    """`inductor won; exported onnxruntime, 3.0x`: the note when the winner could not
+    export. A candidate the chain did not time is timed here against eager (when the chain
+    measures at all), on the stitched graph, as the program will run."""
+    name, winner = used.backend, record.winner
+    speedup = used.speedup
+    if speedup is None and record.eager_ms is not None:
+        with torch.no_grad():
+            timed = measure({"eager": gm, name: stitched}, flat, baseline="eager")
+        speedup = timed[name].speedup
+    how = f", {speedup:.1f}x" if speedup is not None else ""
+    if used.status is Status.UNSUPPORTED:
+        return f"{winner} won; exported {name}{how} (parts: {name} declined the whole graph)"
+    if used.status is Status.NOT_TRIED:
+        when = "timed at export" if how else "verified at export, not timed"
+        return f"{winner} won; exported {name}{how} (the chain did not try it: {when})"
+    return f"{winner} won; exported {name}{how}"
 
 
 def verify(part: Part) -> str | None:
@@ -214,9 +227,7 @@ def verify(part: Part) -> str | None:
     reductions = reduction_lengths(part.graph)
     if fp64 is None or len(fp64) != len(part.expected) or len(reductions) != len(fp64):
         return compare(tuple(part.expected), actual, layout=False).reason
-    verdict = compare(
-        tuple(part.expected), actual, fp64=fp64, reductions=reductions, layout=False
-    )
+    verdict = compare(tuple(part.expected), actual, fp64=fp64, reductions=reductions, layout=False)
     return verdict.reason
 
 

@@ -24,6 +24,8 @@ from torch.fx import _pytree as fx_pytree
 from torch.fx.experimental.proxy_tensor import _pytree_subclasses_that_lose_info
 from torch.utils import _pytree as pytree
 
+from chain.deploy.structure import is_stand_in
+
 _Tensor = torch.Tensor
 
 
@@ -55,14 +57,19 @@ def _spec_text(spec: pytree.TreeSpec) -> str:
     return f"a {spec.type.__name__}"
 
 
+def _kind(cls: Any) -> Any:
+    """The type a structure is compared as: torch.Size as tuple, a stand-in as dict."""
+    return dict if is_stand_in(cls) else _pytree_subclasses_that_lose_info.get(cls, cls)
+
+
 def _same_structure(a: pytree.TreeSpec, b: pytree.TreeSpec) -> bool:
-    """torch's `eq_spec`: torch.Size matches tuple, a dict's keys in any order."""
+    """torch's `eq_spec`: torch.Size matches tuple, a dict's keys in any order; and a
+    stand-in (`structure.py`) matches a dict with its keys (the caller has not its class)."""
     if a.is_leaf() or b.is_leaf():
         return a.is_leaf() and b.is_leaf()
-    norm = _pytree_subclasses_that_lose_info
-    if norm.get(a.type, a.type) is not norm.get(b.type, b.type):
+    if _kind(a.type) is not _kind(b.type):
         return False
-    if a.type is dict and b.type is dict:
+    if _kind(a.type) is dict:
         if set(a.context) != set(b.context):
             return False
         order = {k: i for i, k in enumerate(b.context)}

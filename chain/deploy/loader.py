@@ -47,7 +47,7 @@ from backends.common.payload import (
     unpack,
     verify_body,
 )
-from chain.deploy import structure
+import chain.deploy.structure as structure
 from chain.deploy.program import LoadedProgram, as_loaded
 
 MAX_PROGRAM_BYTES = 64 << 30  # a bound, not a budget: refuses /dev/zero and growing files

@@ -236,6 +236,29 @@ def _unrecorded(spec: pytree.TreeSpec) -> Iterator[str]:
         yield from _unrecorded(child)
 
 
+def custom_classes(spec: pytree.TreeSpec | None) -> list[str]:
+    """The serialized names of the classes of `spec` that are not torch's or Python's."""
+    if spec is None or spec.is_leaf():
+        return []
+    serialized = pytree.SUPPORTED_SERIALIZED_TYPES.get(spec.type)
+    name = serialized.serialized_type_name if serialized is not None else _UNNAMED
+    found = [] if name.startswith(("builtins.", "collections.", "torch.")) else [name]
+    for child in spec.children():
+        found += [n for n in custom_classes(child) if n not in found]
+    return found
+
+
+def without_sample_inputs(program: torch.export.ExportedProgram) -> list[str]:
+    """Drop the program's sample inputs when they hold instances of a custom class: saved,
+    they are pickles of that class, which no strict reader loads (and torch's loader
+    would need the class); returns the note saying so."""
+    classes = custom_classes(program.call_spec.in_spec)
+    if not classes or program.example_inputs is None:
+        return []
+    program.example_inputs = None
+    return [f"export: sample inputs not saved (they hold {', '.join(classes)})"]
+
+
 def structure_notes(program: torch.export.ExportedProgram) -> list[str]:
     """Notes for the classes of the program's inputs and outputs that a serving process
     must import (they do not flatten to named fields, so no stand-in can replace them)."""

@@ -6,6 +6,8 @@ import io
 import json
 import logging
 import os
+import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,4 +321,6 @@ class Report:
         return to_csv(ATTEMPT_COLUMNS, self.attempts(failures_only))
 
     def __str__(self) -> str:
-        return self.render()
+        """The tables at the terminal's width (`print(report)`), 120 columns when piped."""
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 120
+        return self.render(width=width)

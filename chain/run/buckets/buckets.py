@@ -23,7 +23,15 @@ from backends.errors import one_line
 from backends.registry import Backend
 from chain.judge.speed import SpeedRules
 from chain.judge.timing import FASTER, TIE, TIE_BAND, UNDECIDED, Timing, compare
-from chain.report.bucket_stats import DEMOTED, EVICTED, GENERAL, LOST, SERVING, Bucket, BucketStats
+from chain.report.bucket_stats import (
+    DEMOTED,
+    EVICTED,
+    GENERAL,
+    LOST,
+    SERVING,
+    Bucket,
+    BucketStats,
+)
 from chain.report.records import Attempt, Status
 from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
