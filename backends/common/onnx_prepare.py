@@ -141,7 +141,8 @@ def prepare_graph(
     symints = {i for i, v in enumerate(example_inputs) if isinstance(v, torch.SymInt | int)}
     kept = tuple(i for i in range(len(nodes)) if i not in frozen_set and i not in symints)
     # new nodes go right after the last placeholder (a graph may list one after an op)
-    first_op = [n for n in graph.nodes if n.op == "placeholder"][-1].next
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    first_op = placeholders[-1].next if placeholders else next(iter(graph.nodes))
     for i, number in scalars.items():
         _inline_scalar(graph, nodes[i], number)
     for i in sorted(frozen_set):

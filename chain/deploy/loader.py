@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 import chain.deploy.ops as ops
+import chain.deploy.structure as structure
 from backends.common.files import read_bounded
 from backends.common.payload import (
     PayloadError,
@@ -47,7 +48,6 @@ from backends.common.payload import (
     unpack,
     verify_body,
 )
-import chain.deploy.structure as structure
 from chain.deploy.program import LoadedProgram, as_loaded
 
 MAX_PROGRAM_BYTES = 64 << 30  # a bound, not a budget: refuses /dev/zero and growing files
