@@ -224,8 +224,10 @@ def _capture(module: torch.nn.Module, args: tuple[torch.Tensor, ...], dynamic_sh
     except cancel.Cancelled:
         raise
     except Exception as error:
-        line = exporter_line(error)
-        raise Unsupported(f"torch.export (non-strict): {line}", detail=str(error)) from error
+        line = f"torch.export (non-strict): {exporter_line(error)}"
+        if dynamic_shapes is not None:  # most such failures are the symbolic dims asked for
+            line = f"dynamic shapes: {line}"
+        raise Unsupported(line, detail=str(error)) from error
 
 
 def _torch_onnx_export(

@@ -155,6 +155,7 @@ class Serving:
                 versioned=activations,
                 recorded=recorded,
                 reductions=reference.reductions,
+                pace=self.eager_floor,  # eager takes over a slow winner only as the floor
             )
 
         return watch_for

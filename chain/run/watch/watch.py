@@ -77,10 +77,12 @@ class Watch:
         versioned: Sequence[int] = (),
         recorded: Sequence[float | None] | None = None,
         reductions: Sequence[int] = (),
+        pace: bool = True,
     ) -> None:
         """`recorded`: per output, eager's relative error against float64 at selection (None:
         float64 runs at every re-verification); `reductions`: per output, how many values it
-        sums over (`chain.judge.accuracy`)."""
+        sums over (`chain.judge.accuracy`); `pace`: whether a winner slower than eager at run
+        time is demoted (`chain.run.watch.pace`: only where eager can take over, the floor)."""
         self.gm = gm
         self.expected = expected
         self.writes = writes
@@ -99,7 +101,7 @@ class Watch:
         self.scan_budget = max(SCAN_SHARE, reverify_rate / 2)
         self._draw = random.Random(0).random  # which calls are scanned (seeded: repeatable)
         self.reuse = Reuse(expected.fresh) if expected is not None and expected.fresh else None
-        self.pace = Pace()  # the winner's speed against eager's, re-measured at run time
+        self.pace = Pace() if pace else None  # the winner's speed against eager's, at run time
         self._fp64_gm: fx.GraphModule | None = None
         self._lock = threading.Lock()  # the float64 copy is built once
 
@@ -212,7 +214,7 @@ class Watch:
             reason = reason or damaged
         cost_s = time.perf_counter() - start - call_s
         slow = None
-        if timed and reason is None:
+        if timed and reason is None and self.pace is not None:
             slow = self.pace.pair(call_s if self.writes is None else None, eager_s)
         self.stats.reverified += 1
         if timed:  # with what eager's run slowed the winner's call by
@@ -234,7 +236,7 @@ class Watch:
     def timed(self, n: int, call_s: float) -> None:
         """Call `n`, one the schedule asked to time, took `call_s`: what a re-verification
         slowed it by is booked to the re-verifications (`reverify_s`, the budget)."""
-        if n >= self.schedule.last + SETTLED:  # a settled call: the winner's usual speed
+        if self.pace is not None and n >= self.schedule.last + SETTLED:  # a settled call
             self.pace.winner(call_s)
         self.stats.reverify_s += self.schedule.timed(n, call_s)
 
