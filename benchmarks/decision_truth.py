@@ -7,7 +7,7 @@ Per model and chain, two fresh processes select (CHAIN_MEMORY=0, dynamic=False, 
 `quiet`, and `busy` with two background threads hashing for the whole selection (a bounded
 CPU load, as other jobs on the machine give; hashing releases the GIL). Then one quiet
 process captures every graph again, compiles each condition's winner for it, and times eager
-and every winner in one interleaved run (chain.judge.timing.measure, 2 s a graph). Reported per
+and every winner in one interleaved run (chain.judge.rounds.measure, 2 s a graph). Reported per
 model, chain and condition: the winners, the reported speedup (the selection's summary:
 eager ms / winner ms summed over graphs), the quiet speedup (the same sum from the truth
 run), the worst graph's quiet speedup, and the flags (noisy graphs, eager's own speedup
@@ -100,7 +100,7 @@ _TRUTH = (
     _COMMON
     + """
 from backends.registry import registry
-from chain.judge.timing import measure
+from chain.judge.rounds import measure
 
 plan = json.loads(sys.argv[1])  # {model: {condition: [winner per graph]}}
 out = {}

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 import torch
 
+import chain.judge.rounds as rounds
 import chain.judge.speed as speed
-import chain.judge.timing as timing
 import chain.select.timed as selection_timing
 from chain import GraphRecord, Status, chain
 from chain.judge.compiles import compiles_running, compiling, lineage, quiet
+from chain.judge.rounds import decided, measure
 from chain.judge.timing import (
     FASTER,
     REFERENCE,
@@ -32,9 +33,7 @@ from chain.judge.timing import (
     TIED,
     UNDECIDED,
     compare,
-    decided,
     implausible,
-    measure,
     median_ci,
     timings_of,
     verdict_of,
@@ -249,7 +248,7 @@ def test_a_noisy_selection_is_not_remembered_end_to_end(
 ) -> None:
     """Nine threads runnable on 2 CPUs while timed: the selection (slow backend against
     eager) runs, its record says noisy, and the store stays empty."""
-    monkeypatch.setattr(timing, "running_threads", lambda: 9)
+    monkeypatch.setattr(rounds, "running_threads", lambda: 9)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     model, args = build("mlp")
     backend = chain(
@@ -272,7 +271,7 @@ def test_without_a_runnable_count_the_load_average_decides(
     monkeypatch: pytest.MonkeyPatch, load: float, noisy: bool
 ) -> None:
     """Where the threads runnable cannot be read (not Linux): the 1-minute load average."""
-    monkeypatch.setattr(timing, "running_threads", lambda: None)
+    monkeypatch.setattr(rounds, "running_threads", lambda: None)
     monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     timings = measure({"eager": lambda: None}, [], baseline="eager", budget_s=0.01)

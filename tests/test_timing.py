@@ -11,7 +11,8 @@ from torch import nn
 
 from backends.registry import lookup_backend
 from chain import Status, chain
-from chain.judge.timing import measure, median_ci
+from chain.judge.rounds import measure
+from chain.judge.timing import median_ci
 from tests import faults
 from tests.helpers import compile_and_check
 from tests.models import build

@@ -33,7 +33,7 @@ from chain.deploy.stitch import stitch
 from chain.deploy.structure import structure_notes, without_sample_inputs
 from chain.judge.accuracy import reduction_lengths
 from chain.judge.fp64 import fp64_reference
-from chain.judge.timing import measure
+from chain.judge.rounds import measure
 from chain.judge.verify import compare
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.report.report import Report

@@ -22,7 +22,6 @@ cheap input check of our own.
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import re
@@ -48,72 +47,22 @@ from backends.common.payload import (
     unpack,
     verify_body,
 )
+from chain.deploy.model_json import CONSTANTS, WEIGHTS, check_model, refuse
 from chain.deploy.program import LoadedProgram, as_loaded
 
 MAX_PROGRAM_BYTES = 64 << 30  # a bound, not a budget: refuses /dev/zero and growing files
 _ROOT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
-_WEIGHTS, _CONSTANTS = "data/weights/", "data/constants/"
 _REQUIRED = {
     "archive_format": b"pt2",
     "archive_version": b"0",
     "models/model.json": None,
     "data/sample_inputs/model.pt": None,
-    f"{_WEIGHTS}model_weights_config.json": None,
-    f"{_CONSTANTS}model_constants_config.json": None,
+    f"{WEIGHTS}model_weights_config.json": None,
+    f"{CONSTANTS}model_constants_config.json": None,
 }
 _OPTIONAL = ("byteorder", ".data/version", ".data/serialization_id")
 _TENSOR_FILE = re.compile(r"(data/weights/weight|data/constants/tensor)_(0|[1-9][0-9]{0,8})")
 _META_KEYS = {"path_name", "is_param", "use_pickle", "tensor_meta"}
-_MODEL_KEYS = {
-    "graph_module", "opset_version", "range_constraints", "schema_version", "verifiers",
-    "torch_version", "guards_code",
-}  # fmt: skip
-_INPUT_KINDS = {"user_input", "parameter", "buffer", "tensor_constant", "constant_input"}
-_OBJECT_ARGS = {"as_custom_obj", "as_custom_objs", "custom_obj"}  # torch unpickles these
-_OPS = re.compile(r"torch\.ops\.(aten|prims|backend_chain)\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_]+")
-_FILE_OPS = {"from_file", "save"}  # aten ops that read or write (or mmap) a named file
-_HIGHER_ORDER = {"wrap_with_set_grad_enabled", "wrap_with_autocast", "cond", "while_loop"}
-_OPERATORS = {
-    "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
-    "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "xor", "not_", "invert", "lshift",
-    "rshift",
-}  # fmt: skip
-_TORCH_FUNCTIONS = {
-    "sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_ite",
-    "sym_sum", "_sym_sqrt",
-}  # fmt: skip
-_MATH = {"ceil", "floor", "trunc", "sqrt"}
-# guards_code is Python that torch compiles with exec(): only size arithmetic on the inputs
-_GUARD_TEXT = re.compile(r"[A-Za-z0-9_ \[\]'().,<>=!+\-*/%]*")
-_GUARD_NODES = (
-    ast.Expression, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Subscript, ast.Call,
-    ast.Attribute, ast.Name, ast.Constant, ast.Load, ast.And, ast.Or, ast.Not, ast.USub,
-    ast.UAdd, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq,
-    ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
-)  # fmt: skip
-_GUARD_NAMES = {"L", "math", "Max", "Min", "Mod", "PythonMod", "FloorDiv", "CleanDiv", "Abs"}
-_GUARD_ATTRS = {"size", "stride", "storage_offset", "dim", "numel", *_MATH}
-# sizes are sympy expressions that torch reads with sympy.sympify (eval): srepr-style calls
-# of sympy classes over symbols and numbers; a string only as a Symbol's or Float's name
-_SYM_FUNCTIONS = {
-    "Symbol", "Integer", "Float", "Rational", "Add", "Mul", "Pow", "Mod", "Max", "Min",
-    "Abs", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Equality", "Unequality", "StrictLessThan",
-    "LessThan", "StrictGreaterThan", "GreaterThan", "And", "Or", "Not", "Piecewise",
-    "ExprCondPair", "floor", "ceiling", "sqrt", "FloorDiv", "ModularIndexing", "Where",
-    "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "LShift", "RShift",
-    "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv", "TruncToFloat", "TruncToInt",
-    "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "IsNonOverlappingAndDenseIndicator",
-}  # fmt: skip
-_SYM_CONSTANTS = {"oo", "zoo", "nan", "true", "false", "pi", "E"}
-_SYM_NAME = re.compile(r"[a-z]{1,4}[0-9]{1,9}")  # s0, u3, zf1: torch's symbols
-_SYM_STRING = re.compile(r"[A-Za-z0-9_.+\-]{1,64}")
-_SYM_NODES = (
-    ast.Expression, ast.Call, ast.keyword, ast.Name, ast.Constant, ast.Load, ast.BinOp,
-    ast.UnaryOp, ast.Compare, ast.BoolOp, ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd,
-    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq, ast.NotEq,
-    ast.Lt, ast.LtE, ast.Gt, ast.GtE,
-)  # fmt: skip
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def load(path: str | PathLike[str]) -> LoadedProgram:
@@ -163,11 +112,6 @@ def _torch_load(name: str, data: bytes) -> torch.export.ExportedProgram:
         raise PayloadError(f"{name}: torch.export.load failed: {_line(error)}") from error
 
 
-def _refuse(name: str, what: str) -> PayloadError:
-    """The one-line refusal; control characters from the file shown as '?'."""
-    return PayloadError(f"{name}: {_CONTROL.sub('?', what)}: refused, not loaded")
-
-
 def _check_archive(name: str, data: bytes) -> list[str]:
     """The zip is whole and holds only what a saved program holds (see the module doc);
     returns the classes of its inputs and outputs served by stand-ins (`structure.py`)."""
@@ -181,7 +125,7 @@ def _check_archive(name: str, data: bytes) -> list[str]:
                 return _check_contents(name, archive, root, entries)
             except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as error:
                 what = f"{type(error).__name__}: {_line(error)[:80]}"
-                raise _refuse(name, f"a program of another shape ({what})") from None
+                raise refuse(name, f"a program of another shape ({what})") from None
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError) as error:
         raise PayloadError(
             f"{name}: not a readable .pt2 program (truncated or corrupted zip: {_line(error)})"
@@ -193,23 +137,23 @@ def _entries(name: str, archive: zipfile.ZipFile, data: bytes) -> tuple[str, dic
     uncompressed, unencrypted, named once, at the offsets torch's reader will use."""
     infos = archive.infolist()
     if not infos or not data.startswith(b"PK\x03\x04") or min(i.header_offset for i in infos):
-        raise _refuse(name, "not a plain zip archive (data before its first entry)")
+        raise refuse(name, "not a plain zip archive (data before its first entry)")
     root = infos[0].filename.split("/", 1)[0]
     if not _ROOT.fullmatch(root):
-        raise _refuse(name, f"an archive root folder named {root[:60]!r}")
+        raise refuse(name, f"an archive root folder named {root[:60]!r}")
     entries: dict[str, int] = {}
     for info in infos:
         rel = info.filename[len(root) + 1 :]
         if not info.filename.startswith(root + "/") or not _allowed_entry(rel):
-            raise _refuse(name, f"an entry this reader does not allow ({info.filename[:120]!r})")
+            raise refuse(name, f"an entry this reader does not allow ({info.filename[:120]!r})")
         if rel in entries:
-            raise _refuse(name, f"the entry {info.filename[:120]!r} twice")
+            raise refuse(name, f"the entry {info.filename[:120]!r} twice")
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
-            raise _refuse(name, f"a compressed or encrypted entry ({info.filename[:120]!r})")
+            raise refuse(name, f"a compressed or encrypted entry ({info.filename[:120]!r})")
         entries[rel] = info.file_size
     missing = sorted(set(_REQUIRED) - set(entries))
     if missing:
-        raise _refuse(name, f"not a saved program (no {missing[0]})")
+        raise refuse(name, f"not a saved program (no {missing[0]})")
     return root, entries
 
 
@@ -225,20 +169,20 @@ def _check_contents(
     input and output structures; returns the classes served by stand-ins."""
     for rel, value in _REQUIRED.items():
         if value is not None and archive.read(f"{root}/{rel}") != value:
-            raise _refuse(name, f"{rel} is not {value.decode()!r}")
+            raise refuse(name, f"{rel} is not {value.decode()!r}")
     model = _json(name, archive.read(f"{root}/models/model.json"), "models/model.json")
-    lifted = _check_model(name, model)
+    lifted = check_model(name, model)
     used: set[str] = set()
     for folder, prefix, config_name in (
-        (_WEIGHTS, "weight_", "model_weights_config.json"),
-        (_CONSTANTS, "tensor_", "model_constants_config.json"),
+        (WEIGHTS, "weight_", "model_weights_config.json"),
+        (CONSTANTS, "tensor_", "model_constants_config.json"),
     ):
         raw = archive.read(f"{root}/{folder}{config_name}")
         config = _config(name, _json(name, raw, config_name), config_name)
         used |= _check_config(name, config, folder, prefix, lifted, entries)
     unused = sorted(rel for rel in entries if _TENSOR_FILE.fullmatch(rel) and rel not in used)
     if unused:
-        raise _refuse(name, f"a tensor file no config names ({unused[0]})")
+        raise refuse(name, f"a tensor file no config names ({unused[0]})")
     _check_sample_inputs(name, archive.read(f"{root}/data/sample_inputs/model.pt"))
     return structure.prepare(name, list(_specs(model)))
 
@@ -247,23 +191,23 @@ def _json(name: str, raw: bytes, entry: str) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
-        raise _refuse(name, f"{entry} is not JSON ({_line(error)})") from None
+        raise refuse(name, f"{entry} is not JSON ({_line(error)})") from None
 
 
 def _config(name: str, data: Any, entry: str) -> dict[str, dict[str, Any]]:
     """A payload config of exactly torch's shape: {"config": {fqn: {4 known keys}}}."""
     if not isinstance(data, dict) or set(data) != {"config"}:
-        raise _refuse(name, f"{entry} is not a {{'config': {{...}}}} object")
+        raise refuse(name, f"{entry} is not a {{'config': {{...}}}} object")
     config = data["config"]
     if not isinstance(config, dict):
-        raise _refuse(name, f"{entry}: its config is a {type(config).__name__}, not an object")
+        raise refuse(name, f"{entry}: its config is a {type(config).__name__}, not an object")
     for fqn, meta in config.items():
         if not isinstance(meta, dict) or set(meta) != _META_KEYS:
-            raise _refuse(name, f"{entry}: {fqn[:80]!r} is not a payload entry of torch's shape")
+            raise refuse(name, f"{entry}: {fqn[:80]!r} is not a payload entry of torch's shape")
         if meta["use_pickle"] is not False:
-            raise _refuse(name, f"{entry}: {fqn[:80]!r} is pickled (use_pickle)")
+            raise refuse(name, f"{entry}: {fqn[:80]!r} is pickled (use_pickle)")
         if not isinstance(meta["is_param"], bool) or not isinstance(meta["path_name"], str):
-            raise _refuse(name, f"{entry}: {fqn[:80]!r} has fields of the wrong type")
+            raise refuse(name, f"{entry}: {fqn[:80]!r} has fields of the wrong type")
     return config
 
 
@@ -282,14 +226,14 @@ def _check_config(
     for fqn, meta in config.items():
         path_name = meta["path_name"]
         if not re.fullmatch(f"{prefix}(0|[1-9][0-9]{{0,8}})", path_name):
-            raise _refuse(name, f"{folder}: {fqn[:80]!r} names {path_name[:80]!r}, not a tensor")
+            raise refuse(name, f"{folder}: {fqn[:80]!r} names {path_name[:80]!r}, not a tensor")
         if path_name not in order:
             if path_name != f"{prefix}{len(order)}":
-                raise _refuse(name, f"{folder}: tensor files out of order ({path_name})")
+                raise refuse(name, f"{folder}: tensor files out of order ({path_name})")
             order.append(path_name)
         where, expected = lifted.get(fqn, ("", None))
         if where != folder or meta["tensor_meta"] != expected:
-            raise _refuse(name, f"{folder}: {fqn[:80]!r} is not described as the graph's input")
+            raise refuse(name, f"{folder}: {fqn[:80]!r} is not described as the graph's input")
         _check_size(name, folder + path_name, entries.get(folder + path_name), expected)
     return {folder + p for p in order}
 
@@ -300,7 +244,7 @@ def _check_size(name: str, entry: str, size: int | None, meta: dict[str, Any]) -
     from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, ScalarType
 
     if size is None:
-        raise _refuse(name, f"no {entry} in the archive")
+        raise refuse(name, f"no {entry} in the archive")
     try:
         dtype = _SERIALIZE_TO_TORCH_DTYPE[ScalarType(meta["dtype"])]
         sizes = [int(s["as_int"]) for s in meta["sizes"]]
@@ -308,160 +252,10 @@ def _check_size(name: str, entry: str, size: int | None, meta: dict[str, Any]) -
         last = int(meta["storage_offset"]["as_int"])
         last += sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))
     except (KeyError, TypeError, ValueError):
-        raise _refuse(name, f"the description of {entry} is malformed") from None
+        raise refuse(name, f"the description of {entry} is malformed") from None
     needed = 0 if 0 in sizes else (last + 1) * dtype.itemsize
     if size < needed or size % dtype.itemsize:
-        raise _refuse(name, f"{entry} holds {size} bytes, its tensor needs {needed}")
-
-
-def _lifted(name: str, graph_module: dict[str, Any]) -> dict[str, tuple[str, Any]]:
-    """Each weight and constant the signature lifts: fqn -> (its folder, the graph's
-    tensor metadata of its placeholder, all sizes concrete)."""
-    values = graph_module["graph"]["tensor_values"]
-    lifted: dict[str, tuple[str, Any]] = {}
-    for spec in graph_module["signature"]["input_specs"]:
-        [(kind, body)] = spec.items()
-        if kind not in _INPUT_KINDS:
-            raise _refuse(name, f"a program input of kind {kind[:40]!r}")
-        if kind in ("parameter", "buffer", "tensor_constant"):
-            fqn = body[f"{kind}_name"]
-            persistent = kind == "parameter" or (kind == "buffer" and body["persistent"])
-            meta = values[body["arg"]["name"]]
-            if not all(set(s) == {"as_int"} for s in (*meta["sizes"], *meta["strides"])):
-                raise _refuse(name, f"a symbolic size for the lifted tensor {fqn[:80]!r}")
-            lifted[fqn] = (_WEIGHTS if persistent else _CONSTANTS, meta)
-    return lifted
-
-
-def _check_model(name: str, model: Any) -> dict[str, tuple[str, Any]]:
-    """The model's JSON: known keys, guards that are size arithmetic, allowed call
-    targets, no custom objects; returns what the signature lifts (see `_lifted`)."""
-    if not isinstance(model, dict) or not set(model) <= _MODEL_KEYS:
-        raise _refuse(name, "models/model.json is not a program of this torch's schema")
-    guards = model.get("guards_code", [])
-    if not isinstance(guards, list):
-        raise _refuse(name, "guards_code is not a list")
-    for guard in guards:
-        _check_guard(name, guard)
-    try:
-        _check_graph(name, model)
-        return _lifted(name, model["graph_module"])
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise _refuse(name, f"models/model.json is malformed ({type(error).__name__})") from None
-
-
-def _check_guard(name: str, guard: Any) -> None:
-    """One guard: comparisons and arithmetic over input sizes, nothing else (it is exec'd)."""
-    if not isinstance(guard, str) or len(guard) > 2000 or not _GUARD_TEXT.fullmatch(guard):
-        raise _refuse(name, f"a guard that is not size arithmetic ({str(guard)[:80]!r})")
-    try:
-        tree = ast.parse(guard, mode="eval")
-    except (SyntaxError, ValueError, RecursionError):
-        raise _refuse(name, f"a guard that does not parse ({guard[:80]!r})") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _GUARD_NODES) or not _guard_node_ok(node):
-            raise _refuse(name, f"a guard that is not size arithmetic ({guard[:80]!r})")
-
-
-def _guard_node_ok(node: ast.AST) -> bool:
-    if isinstance(node, ast.Name):
-        return node.id in _GUARD_NAMES
-    if isinstance(node, ast.Attribute):
-        return node.attr in _GUARD_ATTRS
-    if isinstance(node, ast.Call):
-        return not node.keywords
-    if isinstance(node, ast.Constant):
-        value = node.value
-        return type(value) in (int, float, bool) or (
-            isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_]{0,100}", value) is not None
-        )
-    return True
-
-
-def _check_sym_expr(name: str, text: Any) -> None:
-    """One size expression (torch hands it to sympy.sympify, which evals it): calls of
-    sympy classes over symbols and numbers only (see _SYM_FUNCTIONS)."""
-    if not isinstance(text, str) or len(text) > 4000:
-        raise _refuse(name, f"a size expression that is not one ({str(text)[:80]!r})")
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError):
-        raise _refuse(name, f"a size expression that does not parse ({text[:80]!r})") from None
-    named = {  # the one place a string may stand: the name of a Symbol or a Float
-        id(node.args[0])
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id in ("Symbol", "Float")
-        and node.args
-    }
-    for node in ast.walk(tree):
-        if not isinstance(node, _SYM_NODES) or not _sym_node_ok(node, named):
-            raise _refuse(name, f"a size expression that is not sympy arithmetic ({text[:80]!r})")
-
-
-def _sym_node_ok(node: ast.AST, named: set[int]) -> bool:
-    if isinstance(node, ast.Call):
-        return isinstance(node.func, ast.Name) and node.func.id in _SYM_FUNCTIONS
-    if isinstance(node, ast.Name):
-        return (
-            node.id in _SYM_FUNCTIONS
-            or node.id in _SYM_CONSTANTS
-            or bool(_SYM_NAME.fullmatch(node.id))
-        )
-    if isinstance(node, ast.keyword):
-        value = node.value
-        return (
-            bool(node.arg)
-            and not str(node.arg).startswith("_")
-            and (isinstance(value, ast.Constant) and type(value.value) in (bool, int))
-        )
-    if isinstance(node, ast.Constant):
-        if isinstance(node.value, str):
-            return id(node) in named and _SYM_STRING.fullmatch(node.value) is not None
-        return type(node.value) in (int, float, bool)
-    return True
-
-
-def _check_graph(name: str, data: Any) -> None:
-    """Every call target anywhere in the model (nested graphs included) is allowed, every
-    size expression is sympy arithmetic, and nothing names a custom object (torch
-    unpickles those)."""
-    if isinstance(data, dict):
-        for key, value in data.items():
-            if key in _OBJECT_ARGS or (key == "custom_obj_values" and value):
-                raise _refuse(name, "a custom object in the graph")
-            if key == "expr_str":
-                _check_sym_expr(name, value)
-            if key == "nodes" and isinstance(value, list):
-                for node in value:
-                    _check_target(name, node["target"])
-            if key == "as_operator":
-                _check_target(name, value)
-            _check_graph(name, value)
-    elif isinstance(data, list):
-        for value in data:
-            _check_graph(name, value)
-
-
-def _check_target(name: str, target: Any) -> None:
-    """A call target torch will resolve by name and call: aten, prims, our op, a few
-    higher-order ops, arithmetic on sizes."""
-    if not isinstance(target, str) or not _target_ok(target):
-        raise _refuse(name, f"a call of {str(target)[:80]!r}, not an allowed operator")
-
-
-def _target_ok(target: str) -> bool:
-    module, _, rest = target.partition(".")
-    if module == "_operator":
-        return rest in _OPERATORS
-    if module == "math":
-        return rest in _MATH
-    if _OPS.fullmatch(target):
-        return target.split(".")[3] not in _FILE_OPS
-    if target.startswith("torch.ops.higher_order."):
-        return target.removeprefix("torch.ops.higher_order.") in _HIGHER_ORDER
-    return module == "torch" and rest in _TORCH_FUNCTIONS
+        raise refuse(name, f"{entry} holds {size} bytes, its tensor needs {needed}")
 
 
 def _check_sample_inputs(name: str, raw: bytes) -> None:
@@ -472,9 +266,9 @@ def _check_sample_inputs(name: str, raw: bytes) -> None:
     try:
         value = torch.load(io.BytesIO(raw), weights_only=True)
     except Exception as error:  # the unpickler raises many types; all mean "refused"
-        raise _refuse(name, f"its sample inputs need a full unpickle ({_line(error)})") from None
+        raise refuse(name, f"its sample inputs need a full unpickle ({_line(error)})") from None
     if not isinstance(value, (tuple, dict)):
-        raise _refuse(name, f"its sample inputs are a {type(value).__name__}")
+        raise refuse(name, f"its sample inputs are a {type(value).__name__}")
 
 
 def _specs(data: Any) -> Iterator[str]:

@@ -13,8 +13,9 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from chain.judge.compiles import lineage, quiet
+from chain.judge.rounds import measure
 from chain.judge.speed import EAGER_REF, UNDECIDED_MORE, Fns, SpeedRules, is_reference, timed
-from chain.judge.timing import Timing, TimingError, measure
+from chain.judge.timing import Timing, TimingError
 from chain.report.records import Attempt, Status
 from chain.select.attempt import Mismatch, Reference, failed_attempt
 from chain.select.worker import timing_deadline

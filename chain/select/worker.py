@@ -181,7 +181,7 @@ def _discarded(name: str, future: concurrent.futures.Future[Any]) -> None:
 
 def timing_deadline(run: Callable[[Progress], T], stall_s: float, progress: Progress) -> T:
     """`run(progress)` on a worker thread, each call it starts under `stall_s`
-    (chain.judge.timing.measure's deadline); RunTimeout when one overruns it."""
+    (chain.judge.rounds.measure's deadline); RunTimeout when one overruns it."""
     return within(
         lambda: run(progress),
         stall_s,
