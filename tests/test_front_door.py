@@ -315,7 +315,7 @@ def test_quiet_collects_this_threads_warnings_unless_verbose(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """quiet() yields the warnings raised on its thread; CHAIN_VERBOSE=1 lets them through."""
-    from backends.common.onnx_export import quiet, verbose
+    from backends.common.quiet import quiet, verbose
 
     monkeypatch.delenv("TORCH_LOGS", raising=False)
     monkeypatch.setenv("CHAIN_VERBOSE", "0")

@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from backends.common.fx_utils import calls_of, op_counts, op_name, record_calls
-from backends.common.onnx_export import export_onnx, quiet
+from backends.common.onnx_export import export_onnx
 from backends.common.partitioner import (
     EXCLUDED,
     PartitionOptions,
@@ -33,6 +33,7 @@ from backends.common.partitioner import (
 )
 from backends.common.parts import Part, flat_outputs
 from backends.common.payload import Dim, Header, SizeOf, TensorSpec
+from backends.common.quiet import quiet
 from backends.errors import Unsupported
 
 NO_TRANSLATION = "no ONNX translation (torch.onnx / onnxscript torchlib)"

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.common.onnx_export import quiet
 from backends.common.ort_session import element_type, session_options
+from backends.common.quiet import quiet
 from backends.registry import lookup_backend
 from chain.bench.harness import Candidate, Compiled
 
