@@ -153,6 +153,8 @@ def cell(fault: str, place: str, timeout: float, rate: float, calls: int) -> str
     """One cell's outcome in words."""
     if fault == "hang" and place in ("later", "threads"):
         return "n/a: run-time calls have no timeout"
+    if fault == "reuse" and place == "first":
+        return "n/a: one call hands nothing out twice"
     if fault in ("wrong", "nan", "shape", "reuse") and place == "compile":
         return "n/a: no output at compile"
     model = zoo.build("bert")
@@ -264,6 +266,14 @@ wrong in value (`wrong`) is likewise caught at the next sampled re-verification 
 4, 8, ..., then at reverify_rate={rate} of run time): calls of other threads in flight
 beside the first wrong one can return the wrong answer before the demotion (`threads`: 5
 of 17 calls in one run of two, 0 in the other); `--reverify-rate 1` re-verifies every call.
+`data` writes the caller's ids through `.data` (no version counter moves): caught at the
+next re-verification, which compares the activations with a copy taken before the call and
+restores them. `reuse` hands out one output buffer every call: caught at selection (called
+twice after timing while its answer is held) or, striking later, at the second call whose
+output is memory of an answer the caller still holds. After WeightsDamaged every call
+raises it (`then N/M calls raised it`); under 8 threads the calls made between the damage
+and the re-verification that sees it (the fault scales a weight on every call) answer from
+the damaged weights: the sampled checks' limit.
 Shape, dtype and aliasing faults are caught on every call (the cheap checks); NaN on every
 call where the NaN/inf scan costs at most 0.25% of a call, else on a random sample of calls
 (`scanned` on the record; on this model about a tenth) and at each re-verification."""
