@@ -127,3 +127,24 @@ def test_an_abandoned_export_leaves_dynamos_caches_alone() -> None:
     other(x)
     assert len(c.report.graphs) == graphs  # no recompile of the model
     assert len(compiled_graphs) == 1  # nor of the unrelated function
+
+
+class _RootScaled(torch.nn.Module):
+    """Attention's scale by the square root of a dim: `math.sqrt` of a symbolic size, which
+    dynamo records as `torch._sym_sqrt` under dynamic=True."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import math
+
+        return x / math.sqrt(x.shape[-1])
+
+
+def test_a_square_root_of_a_symbolic_size_is_exported() -> None:
+    """The exporter has no `_sym_sqrt`: it went `unsupported` (Phi); now `size ** 0.5`."""
+    c = chain.chain("onnxruntime", "eager", eager_floor=False)
+    compiled = torch.compile(_RootScaled(), backend=c, dynamic=True)
+    with torch.inference_mode():
+        for n in (8, 12, 16):
+            x = torch.randn(2, n)
+            torch.testing.assert_close(compiled(x), _RootScaled()(x))
+    assert served_by(c) == ["onnxruntime"], attempts(c)

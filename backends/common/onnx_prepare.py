@@ -10,6 +10,7 @@ fused inference fast paths (which have no ONNX translation) are spelled out in p
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -171,7 +172,7 @@ def prepare_graph(
         nodes[i].replace_all_uses_with(size)
     for i in sorted(frozen_set | symints):
         graph.erase_node(nodes[i])
-    decomposed = _decompose_fast_paths(graph)
+    decomposed = _decompose_fast_paths(graph) + _sym_roots(graph)
     graph.lint()
     module.recompile()
     frozen_tensors = tuple(sorted(frozen_set - set(scalars)))
@@ -206,4 +207,19 @@ def _decompose_fast_paths(graph: fx.Graph) -> tuple[str, ...]:
             continue  # left as is: the exporter then says it has no translation for it
         done.append(getattr(node.target, "__name__", str(node.target)))
         node.target = fn
+    return tuple(done)
+
+
+_SQRT = {torch._sym_sqrt, math.sqrt}  # type: ignore[attr-defined]
+
+
+def _sym_roots(graph: fx.Graph) -> tuple[str, ...]:
+    """`math.sqrt` of a symbolic size (dynamo's `torch._sym_sqrt`: a scale by the square root
+    of a dim) as `size ** 0.5`, which the exporter translates; it has no `_sym_sqrt`."""
+    done = []
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _SQRT and len(node.args) == 1:
+            node.target = operator.pow
+            node.args = (node.args[0], 0.5)
+            done.append("_sym_sqrt")
     return tuple(done)
