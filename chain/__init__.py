@@ -31,7 +31,7 @@ def chain(*backends: object, **kwargs: object) -> Chain:
     ({backend name: {option: value}}), report_path, min_speedup, compile_timeout_s,
     max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False),
     memory (remembered decisions: True | False), store (a directory or redis:// URL).
-    See the README for each.
+    See docs/guide/options.md for each.
     """
     return Chain(*backends, **kwargs)  # type: ignore[arg-type]
 
