@@ -262,7 +262,8 @@ def test_a_noisy_selection_is_not_remembered_end_to_end(
     assert busy in graph.timing.noisy and graph.timing.busy == 4.0
     assert any(n.startswith("memory: not remembered: the timing was noisy") for n in graph.notes)
     assert not list(tmp_path.glob("*.json"))
-    assert f"noisy: {busy}" in backend.report.render(width=300)
+    assert "noisy: " in backend.report.render(width=300)  # a table cell may wrap its reasons
+    assert busy in backend.report.to_markdown()
     assert "1 noisy graph(s)" in backend.report.to_markdown()
 
 
