@@ -9,7 +9,8 @@ Some work changes torch for every thread while it runs: torch.export and make_fx
 meanwhile fails ("symbolically trace a dynamo-optimized function") or aborts the process.
 Such work runs inside `process_wide()`: one section at a time, never entered by cancelled
 work, and `settle()` waits for the section in flight, so a caller that abandons a worker
-never runs user code beside it.
+never runs user code beside it. Meanwhile `torch.compiler.is_exporting()` is true only on
+the thread inside the section (`backends.exporting`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
+
+from backends.exporting import exporting_here
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -83,8 +86,8 @@ def carried(fn: Callable[P, T]) -> Callable[P, T]:
 @contextlib.contextmanager
 def process_wide() -> Iterator[None]:
     """Mark work that changes torch for every thread (torch.export, make_fx): one at a time,
-    and none started by abandoned work."""
-    with _SECTION:
+    none started by abandoned work, and "exporting" seen only by this thread."""
+    with _SECTION, exporting_here():
         checkpoint()
         yield
 
