@@ -5,18 +5,66 @@ default, lite, reduce-overhead, max-autotune-no-cudagraphs, max-autotune); every
 option is an inductor config override and wins over the mode's settings. A mode that
 turns on CUDA graphs (`triton.cudagraphs`) compiles through `inductor_graphed`, which
 checks the preconditions, turns torch's silent skips into reasons and keeps outputs safe.
+
+Its artefact is an AOTInductor package of the graph (`backends.inductor_package`): the
+compiled callable offers to build one (`chain_artefact_later`, a second compile the chain
+runs off the caller's thread), and `reuse` loads one without importing or running
+inductor (`backends.inductor_runner`). Loading a package runs its native code: the backend
+declares `native_artefacts`, and the chain loads them only from a store the user trusts.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
 
+from backends import inductor_package
 from backends.inductor_config import check_mode, config_options, config_patches
 from backends.registry import register_backend
+
+
+def offer_package(
+    fn: Callable[..., Any], gm: fx.GraphModule, example_inputs: list[Any], patches: dict
+) -> Callable[..., Any]:
+    """`fn` offering its package build as `chain_artefact_later` (unless CHAIN_INDUCTOR_PACKAGE
+    is off): called on the compiling thread, it exports the graph and returns the build to
+    run in the background; `fn` is wrapped when inductor's callable takes no attributes."""
+    if not inductor_package.enabled():
+        return fn
+
+    def later() -> Any:
+        return inductor_package.prepare(gm, example_inputs, patches)
+
+    try:
+        fn.chain_artefact_later = later  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        fn = functools.partial(fn)
+        fn.chain_artefact_later = later  # type: ignore[attr-defined]
+    return fn
+
+
+def inductor_reuse(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    artefact: bytes,
+    mode: str | None = None,
+    **options: Any,
+) -> Callable[..., Any]:
+    """inductor's compile from its stored package: loaded, nothing compiled (a package for
+    another machine or graph is Unsupported, saying which)."""
+    from backends.inductor_runner import load
+
+    patches = config_patches(mode, options)
+    if patches.get("triton.cudagraphs"):
+        from backends.inductor_graphed import reuse_graphed
+
+        return reuse_graphed(gm, example_inputs, artefact, patches)
+    return load(artefact, example_inputs, patches)
 
 
 @register_backend(
@@ -24,6 +72,8 @@ from backends.registry import register_backend
     options={"mode": check_mode},
     vocabulary=config_options,
     vocabulary_doc="a name of torch._inductor.config (torch._inductor.list_options())",
+    reuse=inductor_reuse,
+    native_artefacts=True,
 )
 def inductor(
     gm: fx.GraphModule, example_inputs: list[torch.Tensor], mode: str | None = None, **options: Any
@@ -36,4 +86,5 @@ def inductor(
         from backends.inductor_graphed import compile_graphed
 
         return compile_graphed(gm, example_inputs, patches)
-    return compile_fx(gm, example_inputs, config_patches=patches or None)
+    fn = compile_fx(gm, example_inputs, config_patches=patches or None)
+    return offer_package(fn, gm, example_inputs, patches)

@@ -42,3 +42,13 @@ def inductor_graphed(
 ) -> Callable[..., Any]:
     """inductor with the same mode and options, replayed as CUDA graphs (reduce-overhead)."""
     return compile_graphed(gm, example_inputs, config_patches(mode, options))
+
+
+def reuse_graphed(
+    gm: fx.GraphModule, example_inputs: list[Any], artefact: bytes, patches: dict[str, Any]
+) -> Callable[..., Any]:
+    """inductor under CUDA graphs from its stored package: not loaded yet (the package is
+    built without CUDA graphs); compiled as usual."""
+    from backends.errors import Unsupported
+
+    raise Unsupported("a package is not replayed under CUDA graphs: compiled as usual")

@@ -23,6 +23,12 @@ A backend whose compile has an expensive step whose result can be kept (ONNX Run
 export) declares `reuse(gm, example_inputs, artefact=bytes, **options) -> callable`: the
 same compile from an `Artefact` its compiled callable offered as `chain_artefact`. The
 chain's memory stores it with a remembered decision and offers it back in a new process.
+An artefact too expensive to build on the caller's thread (inductor's AOTInductor package:
+a second compile) is offered as `chain_artefact_later`: once the decision is kept, the chain
+calls it on the compiling thread (what must happen there: inductor's export) and runs the
+`() -> Artefact` it returns in the background. A backend whose artefacts hold native
+code (loading one runs it) declares `native_artefacts=True`: the chain then loads them
+only from a store the user trusts (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -68,6 +74,12 @@ def offered_artefact(fn: object) -> Artefact | None:
     return artefact if isinstance(artefact, Artefact) else None
 
 
+def offered_later(fn: object) -> Callable[[], Callable[[], Artefact]] | None:
+    """The artefact build a compiled callable offers to run later (`chain_artefact_later`)."""
+    later = getattr(fn, "chain_artefact_later", None)
+    return later if callable(later) else None
+
+
 def always_available() -> str | None:
     """The `available()` of backends that need nothing: no reason not to run."""
     return None
@@ -100,6 +112,7 @@ class Backend:
     loader: Loader | None = None  # payload header and body -> a runner (at load time)
     dynamic: bool = True  # takes graphs with symbolic sizes (False: fixed shapes only)
     reuse: CompilerFn | None = None  # (gm, inputs, artefact=bytes, **options): from an artefact
+    native_artefacts: bool = False  # loading its artefacts runs their code (trusted stores only)
 
     def reusing(self, data: bytes) -> Backend:
         """This backend compiling from a stored artefact's `data` (its `reuse` hook)."""
@@ -155,6 +168,7 @@ class BackendRegistry:
         loader: Loader | None = None,
         dynamic: bool = True,
         reuse: CompilerFn | None = None,
+        native_artefacts: bool = False,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
@@ -167,6 +181,7 @@ class BackendRegistry:
         only, and graphs with symbolic sizes are refused before it is called.
         `reuse(gm, example_inputs, artefact=bytes, **options)` compiles from an `Artefact`
         the backend's compiled callable offered (`chain_artefact`), skipping its expensive step.
+        `native_artefacts`: its artefacts hold native code, loaded only from trusted stores.
         """
         if (exporter is None) != (loader is None):
             raise ValueError(f"backend {name!r}: give both exporter and loader, or neither")
@@ -194,6 +209,7 @@ class BackendRegistry:
                 loader=loader,
                 dynamic=dynamic,
                 reuse=reuse,
+                native_artefacts=native_artefacts,
             )
             self._backends[name] = backend
             return backend

@@ -13,6 +13,9 @@ import torch
 # Remembered decisions (chain.memory) stay off in the suite: a test must see a selection,
 # not an earlier test's winner. tests/test_memory.py turns them on where it means to.
 os.environ["CHAIN_MEMORY"] = "0"
+# Nor do inductor winners build AOTInductor packages in the background (a second compile
+# each): tests/test_inductor_package.py turns them on in the processes it starts.
+os.environ["CHAIN_INDUCTOR_PACKAGE"] = "0"
 
 
 def _cuda_reason() -> str | None:

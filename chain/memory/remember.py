@@ -22,7 +22,7 @@ from torch import fx
 import chain.memory.artefacts as artefacts
 from backends.errors import InvalidOption
 from backends.options import BadValue
-from backends.registry import offered_artefact
+from backends.registry import Artefact, offered_artefact
 from chain.memory.entry import BadEntry, Decision, decode, encode, signing_key
 from chain.memory.key import digest, key_parts
 from chain.memory.stores import (
@@ -33,8 +33,11 @@ from chain.memory.stores import (
     check_store,
     open_store,
 )
+from chain.memory.trust import why_untrusted
 from chain.report.json_fields import short
 from chain.report.records import Attempt, GraphRecord, Status
+
+NO_ARTEFACT = "no_artefact"  # in a decision's extra: backend -> why its artefact is not made
 
 
 class MemoryWarning(UserWarning):
@@ -49,6 +52,12 @@ class Recall:
     parts: dict[str, Any]
     decision: Decision | None
     notes: tuple[str, ...] = ()
+
+    def no_artefact(self, backend: str) -> str | None:
+        """Why the decision says `backend`'s artefact is not made (None: nothing said)."""
+        said = self.decision.extra.get(NO_ARTEFACT) if self.decision is not None else None
+        why = said.get(backend) if isinstance(said, dict) else None
+        return why if isinstance(why, str) else None
 
     @property
     def recorded(self) -> tuple[float | None, ...] | None:
@@ -192,6 +201,15 @@ class Memory:
     def remember_buckets(self, recall: Recall, buckets: list[dict[str, Any]]) -> str | None:
         """Keep a graph's bucket decisions (chain.run.buckets.remembered) with its decision, in
         `extra["buckets"]`; a note when they could not be (no entry, store down, refused)."""
+        return self._amend(recall, "buckets", {"buckets": buckets})
+
+    def remember_no_artefact(self, recall: Recall, backend: str, why: str) -> str | None:
+        """Keep, with the decision, why `backend`'s artefact was not made (it failed, or ran
+        slower): later processes do not build it again (`no_artefact`)."""
+        return self._amend(recall, "artefact outcome", {NO_ARTEFACT: {backend: why[:500]}})
+
+    def _amend(self, recall: Recall, what: str, fields: dict[str, Any]) -> str | None:
+        """Add `fields` to the stored decision's `extra`; a note when it could not be."""
         store = self.store()
         if recall.key is None or store is None:
             return None
@@ -199,22 +217,28 @@ class Memory:
             try:
                 data = store.get(recall.key)
                 if data is None:
-                    return f"memory: buckets not kept: no entry {recall.key} in {store.location}"
+                    return f"memory: {what} not kept: no entry {recall.key} in {store.location}"
                 decision, parts = decode(data, recall.key)
-                extra = {**decision.extra, "buckets": buckets}
+                extra = {**decision.extra, **fields}
                 kept = dataclasses.replace(decision, extra=extra)
                 store.put(recall.key, encode(recall.key, parts, kept))
             except StoreUnavailable as e:
                 return self._fail(str(e))
             except BadEntry as e:
-                return f"memory: buckets not kept: entry {recall.key} refused ({e})"
+                return f"memory: {what} not kept: entry {recall.key} refused ({e})"
         return None
 
     def artefact(
-        self, recall: Recall, backend: str, gm: fx.GraphModule, inputs: Sequence[Any]
+        self,
+        recall: Recall,
+        backend: str,
+        gm: fx.GraphModule,
+        inputs: Sequence[Any],
+        native: bool = False,
     ) -> tuple[bytes | None, str | None]:
         """The stored artefact of the recalled winner `backend`, checked, and a note when
-        one was found but is not used (failed a check, made for other weights)."""
+        one was found but is not used (failed a check, made for other weights). `native`:
+        it holds code loading runs, so it must come from a trusted store (chain.memory.trust)."""
         store = self.store()
         if recall.key is None or store is None:
             return None, None
@@ -233,12 +257,27 @@ class Memory:
             )
             _warn(note)
             return None, note
+        if native and (why := why_untrusted(store, recall.key)) is not None:
+            note = (
+                f"memory: artefact {recall.key} refused: it holds native code, and it is {why}; "
+                f"{backend} compiled as usual"
+            )
+            _warn(note)
+            return None, note
         digest, why = artefacts.weights_digest(gm, inputs, artefact.reads)
         if digest != weights:
             what = why or "made for other weights"
             note = f"memory: artefact {recall.key} not used ({what}); {backend} compiled as usual"
             return None, note
         return artefact.data, None
+
+    def native_refusal(self, recall: Recall) -> str | None:
+        """Why this store would not be trusted with an artefact holding native code (None:
+        it would be, chain.memory.trust)."""
+        store = self.store()
+        if recall.key is None or store is None:
+            return "no store"
+        return why_untrusted(store, recall.key)
 
     def keep_artefact(
         self,
@@ -251,8 +290,21 @@ class Memory:
         """Store the artefact the winner's compiled `fn` offers under the recall's key; a
         note when it is not stored (too large, weights that cannot be hashed, store down)."""
         artefact = offered_artefact(fn)
+        if artefact is None:
+            return None
+        return self.store_artefact(recall, backend, artefact, gm, inputs)
+
+    def store_artefact(
+        self,
+        recall: Recall,
+        backend: str,
+        artefact: Artefact,
+        gm: fx.GraphModule,
+        inputs: Sequence[Any],
+    ) -> str | None:
+        """Store `artefact` of `backend` under the recall's key; a note when it is not."""
         store = self.store()
-        if artefact is None or recall.key is None or store is None:
+        if recall.key is None or store is None:
             return None
         if len(artefact.data) > self.max_artefact_bytes:
             return (

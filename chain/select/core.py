@@ -192,10 +192,14 @@ class Chain(Remembered, Serving, Candidates):
             self.report.graphs[record.id] = record
         fp64 = reference.fp64
         errors = None if fp64 is None else relative_errors(fp64, reference.outputs)
-        if stored and (note := self.memory.remember(recall, record, errors)):  # type: ignore[union-attr]
+        note = self.memory.remember(recall, record, errors) if stored else None  # type: ignore[union-attr]
+        if note:
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
-        if recall is not None and (note := self._keep_artefact(recall, record, fns, gm, inputs)):
+        decided = hit is not None or (bool(stored) and note is None)  # a decision is kept
+        if recall is not None and (
+            note := self._keep_artefact(recall, record, fns, gm, inputs, reference, decided)
+        ):
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
         winner = record.winner

@@ -7,13 +7,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import fx
 
-from backends.registry import Backend
+from backends.errors import Unsupported
+from backends.registry import Backend, offered_later
 from chain.judge.speed import EAGER, not_decided
 from chain.memory import Recall, hit_note, miss_note, replay
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.run.graphs import base_name
+from chain.select import deferred
 from chain.select.attempt import Reference
 
 
@@ -92,7 +95,8 @@ class Remembered:
             return None, None, None
         if backend.reuse is None:
             return None, None, None
-        data, note = self.memory.artefact(recall, backend.name, gm, inputs)
+        native = backend.native_artefacts
+        data, note = self.memory.artefact(recall, backend.name, gm, inputs, native=native)
         if data is None:
             return None, None, note
         fresh, fn = self._try(backend.reusing(data), backend, gm, inputs, reference)
@@ -107,9 +111,10 @@ class Remembered:
             )
         loaded = {"key": recall.key, "bytes": len(data)}
         fresh = dataclasses.replace(fresh, details={**fresh.details, "artefact": loaded})
+        skipped = "its compile" if native else "its expensive step (ONNX export, ...)"
         note = (
             f"memory: {backend.name} built from its stored artefact ({len(data) / 2**20:.1f} "
-            "MiB): its expensive step (ONNX export, ...) skipped"
+            f"MiB): {skipped} skipped"
         )
         return fresh, fn, note
 
@@ -120,14 +125,50 @@ class Remembered:
         fns: dict[str, Callable[..., Any]],
         gm: fx.GraphModule,
         inputs: list[Any],
+        reference: Reference | None = None,
+        decided: bool = False,
     ) -> str | None:
-        """Store the winner's artefact with its decision, unless it was loaded from one."""
+        """Store the winner's artefact with its decision, unless it was loaded from one. An
+        artefact offered to build later (inductor's package) is built in the background
+        (chain.select.deferred) when the decision is kept (`decided`) and worth it."""
         winner = record.winning_attempt
         names = [b.name for b in self.backends]
         if self.memory is None or winner is None or winner.backend not in names:
             return None
-        if "artefact" in winner.details or self.backends[names.index(winner.backend)].reuse is None:
+        backend = self.backends[names.index(winner.backend)]
+        if "artefact" in winner.details or backend.reuse is None:
             return None
-        return self.memory.keep_artefact(
-            recall, winner.backend, fns.get(winner.backend), gm, inputs
+        fn = fns.get(winner.backend)
+        if (later := offered_later(fn)) is None:
+            return self.memory.keep_artefact(recall, winner.backend, fn, gm, inputs)
+        if not decided or reference is None or self.memory.max_artefact_bytes == 0:
+            return None
+        if (why := recall.no_artefact(backend.name)) is not None:
+            return f"memory: {backend.name}'s package not built: {why}"
+        if backend.native_artefacts and (why := self.memory.native_refusal(recall)):
+            return f"memory: {backend.name}'s package not built: it could not be loaded ({why})"
+        try:  # its part on this thread (inductor: the export); the build runs later
+            build = later()
+        except Unsupported as error:
+            why = f"not built ({error.reason})"
+            kept = self.memory.remember_no_artefact(recall, backend.name, why)
+            return f"memory: {backend.name}'s package {why}" + (f" ({kept})" if kept else "")
+        deferred.submit(
+            deferred.Build(
+                chain=self,
+                record_id=record.id,
+                recall=recall,
+                backend=backend,
+                build=build,
+                jit=fn,  # type: ignore[arg-type]
+                gm=gm,
+                inputs=list(reference.compile_inputs(inputs)),
+                reference=deferred.snapshot(reference),
+                grad=torch.is_grad_enabled(),
+                inference=torch.is_inference_mode_enabled(),
+            )
+        )
+        return (
+            f"memory: {backend.name}'s package is being built in the background (a second "
+            "compile, off your calls); the next process loads it if it passes"
         )

@@ -1,0 +1,202 @@
+"""Artefacts built after the decision, off the caller's thread: inductor's AOTInductor
+package is a second compile (tens of seconds on a small CPU), so the process that selected
+(or a warm one that found no package) builds it in the background, never in a user's call.
+
+One worker thread per process takes the builds in turn. Each starts when no backend
+compile runs in the process (its first idle moment) and is marked as a compile itself, so
+a timing run beside it waits or records it as noise. A build is then treated as a
+candidate: loaded through the backend's `reuse`, verified against eager by the chain's
+rule (`try_backend`), timed against the JIT compile it replaces, and stored only if it is
+not measurably slower. Every outcome, failures included, is a note on the graph's record
+(and the report file) and a line on the `chain` logger; a failed or slower build is kept
+with the decision so later processes do not build it again.
+
+The worker is not a daemon: a process that ends while a build runs waits for it (the user's
+calls never do). CHAIN_INDUCTOR_PACKAGE=0, or max_artefact_mb=0, builds none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from backends.errors import Unsupported, one_line
+from backends.registry import Artefact, Backend
+from chain.judge.compiles import compiles_running, compiling, lineage, quiet
+from chain.judge.rounds import measure
+from chain.judge.speed import QUIET_S, UNDECIDED_MORE
+from chain.memory import Recall
+from chain.report.records import Status
+from chain.select.attempt import Reference, try_backend
+from chain.select.isolation import fresh_copy
+
+log = logging.getLogger("chain")
+JIT = "JIT compile"  # the baseline a built artefact is timed against
+
+
+@dataclass(frozen=True)
+class Build:
+    """One artefact to build for graph `record_id` of `chain`: `build()` makes it, `jit` is
+    the compiled callable it would replace, `reference` what it is verified against."""
+
+    chain: Any  # chain.select.core.Chain (its memory, options, report)
+    record_id: int
+    recall: Recall
+    backend: Backend
+    build: Callable[[], Artefact]
+    jit: Callable[..., Any]
+    gm: fx.GraphModule
+    inputs: list[Any]
+    reference: Reference
+    grad: bool
+    inference: bool
+
+
+def snapshot(reference: Reference) -> Reference:
+    """The reference with its own copies of the activations (the caller may reuse its
+    tensors meanwhile) and no weight watch: a weight the user changes later is theirs to
+    change, and a changed weight makes the build fail verification, never restored."""
+    runs = reference.runs
+    if runs is not None:
+        runs = tuple(
+            fresh_copy(x) if i in reference.copied() and isinstance(x, torch.Tensor) else x
+            for i, x in enumerate(runs)
+        )
+    return dataclasses.replace(reference, runs=runs, watch=None)
+
+
+_queue: queue.Queue[Build] = queue.Queue()
+_lock = threading.Lock()
+_worker: threading.Thread | None = None
+
+
+def submit(build: Build) -> None:
+    """Queue `build`; the worker thread starts if none runs."""
+    global _worker
+    with _lock:
+        _queue.put(build)
+        if _worker is None:
+            _worker = threading.Thread(target=_work, name="chain-artefacts", daemon=False)
+            _worker.start()
+
+
+def pending() -> bool:
+    """Whether builds are queued or running (tests and benchmarks wait on `wait()`)."""
+    with _lock:
+        return _worker is not None
+
+
+def wait(timeout_s: float | None = None) -> bool:
+    """Wait for the queued builds to end; False if some still run after `timeout_s`."""
+    with _lock:
+        worker = _worker
+    if worker is not None:
+        worker.join(timeout_s)
+        return not worker.is_alive()
+    return True
+
+
+def _work() -> None:
+    """Take builds until none is left, then end (the process may exit)."""
+    global _worker
+    while True:
+        with _lock:
+            try:
+                build = _queue.get_nowait()
+            except queue.Empty:
+                _worker = None
+                return
+        try:
+            note = _run(build)
+        except Exception as error:  # every failure is the graph's note, never lost
+            log.warning("graph %d: artefact build failed", build.record_id, exc_info=True)
+            note = _failed(build, f"its build failed ({one_line(error)})")
+        _noted(build, note)
+
+
+def _idle() -> None:
+    """Wait until no backend compile runs in the process (a selection in flight)."""
+    while compiles_running(lineage()):
+        quiet(60.0, lineage())
+
+
+def _failed(build: Build, why: str) -> str:
+    """The note for a build that will not serve: kept with the decision, so later
+    processes do not build it again."""
+    name = build.backend.name
+    memory = build.chain.memory
+    kept = memory.remember_no_artefact(build.recall, name, why) if memory is not None else None
+    note = f"memory: {name}'s package not stored: {why}; warm starts compile {name} as usual"
+    return f"{note} ({kept})" if kept else note
+
+
+def _run(build: Build) -> str:
+    """Build, load, verify, time and store one artefact; the graph's note on the outcome."""
+    name = build.backend.name
+    _idle()
+    with (
+        compiling(f"{name} package"),
+        torch.inference_mode(build.inference),
+        torch.set_grad_enabled(build.grad),
+    ):
+        start = time.perf_counter()
+        try:
+            artefact = build.build()
+        except Unsupported as error:
+            return _failed(build, f"not built ({error.reason})")
+        build_s = time.perf_counter() - start
+        options = build.chain.options.get(name, {})
+        attempt, fn = try_backend(
+            build.backend.reusing(artefact.data),
+            build.gm,
+            build.inputs,
+            build.reference,
+            options=options,
+            max_retries=0,
+            timeout_s=None,
+            strict=False,
+        )
+        if fn is None or attempt.status is not Status.WON:
+            return _failed(build, f"built, then {attempt.status}: {attempt.reason}")
+        speed = ""
+        if build.reference.runnable:
+            quiet(QUIET_S, lineage())
+            rules = build.chain.speed
+            timing = measure(
+                {JIT: build.jit, "package": fn},
+                build.reference.inputs(),
+                baseline=JIT,
+                budget_s=rules.budget_s * (1 + UNDECIDED_MORE),
+            )["package"]
+            if timing.slower:
+                return _failed(build, f"slower than the {JIT} ({timing.interval()})")
+            speed = f", {timing.interval()} of the {JIT} ({timing.verdict})"
+    memory = build.chain.memory
+    stored = memory.store_artefact(build.recall, name, artefact, build.gm, build.inputs)
+    if stored is not None:
+        return stored
+    return (
+        f"memory: {name}'s package stored ({len(artefact.data) / 2**20:.1f} MiB, built in "
+        f"{build_s:.1f} s in the background, verified against eager{speed}): a warm start "
+        "loads it, compiling nothing"
+    )
+
+
+def _noted(build: Build, note: str) -> None:
+    """Add `note` to the graph's record (and the report file); log it."""
+    log.info("graph %d: %s", build.record_id, note)
+    chain = build.chain
+    graphs = chain.report.graphs
+    if build.record_id < len(graphs):
+        record = graphs[build.record_id]
+        graphs[build.record_id] = dataclasses.replace(record, notes=(*record.notes, note))
+        chain._save()
