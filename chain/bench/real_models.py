@@ -103,6 +103,47 @@ def build_mlp_b1(batch: int, tiny: bool) -> tuple[nn.Module, Inputs]:
     return nn.Sequential(*layers), (torch.randn(batch, dim),)
 
 
+class DecodeStep(nn.Module):
+    """One generation step of a causal LM: one new token against a KV cache of past tokens.
+
+    Takes the token ids and the cache as flat tensors (keys and values per layer) and
+    returns the logits and the grown cache, flat: tensors in, tensors out, as a serving
+    loop calls it (a graph per cache length; each call's cache is fresh memory)."""
+
+    def __init__(self, model: nn.Module, layers: int) -> None:
+        super().__init__()
+        self.model = model
+        self.layers = layers
+
+    def forward(self, ids: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from transformers import DynamicCache
+
+        pairs = [(past[2 * i], past[2 * i + 1]) for i in range(self.layers)]
+        out = self.model(ids, DynamicCache(pairs), use_cache=True)  # 2nd: the cache (4.x, 5.x)
+        cache = out.cache if "cache" in out else out.past_key_values  # 5.x, 4.x
+        if hasattr(cache, "layers"):  # transformers 5
+            grown = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        else:
+            grown = [
+                t for i in range(self.layers) for t in (cache.key_cache[i], cache.value_cache[i])
+            ]
+        return (out.logits, *grown)
+
+
+def build_gpt2_decode(batch: int, tiny: bool) -> tuple[nn.Module, Inputs]:
+    """Launch-bound: a GPT-2 of 4 layers of 256 (vocabulary 8192) decoding one token
+    against 63 cached ones (2 layers of 32, 7 cached, when tiny)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    dim, layers, heads, vocab, past = (32, 2, 2, 256, 7) if tiny else (256, 4, 4, 8192, 63)
+    config = GPT2Config(
+        n_embd=dim, n_layer=layers, n_head=heads, vocab_size=vocab, n_positions=256,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    cache = [torch.randn(batch, heads, past, dim // heads) for _ in range(2 * layers)]
+    return DecodeStep(GPT2LMHeadModel(config), layers), (_ids(batch, 1, vocab), *cache)
+
+
 REAL_SUITE: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -148,6 +189,13 @@ REAL_SUITE: dict[str, ModelSpec] = {
             TRANSFORMERS,
         ),
         ModelSpec("mlp_b1", build_mlp_b1, 1, "launch-bound MLP, 24 layers of 256, batch 1"),
+        ModelSpec(
+            "gpt2_decode",
+            build_gpt2_decode,
+            1,
+            "transformers GPT-2 (4 layers of 256) decode step, 1 token against 63 cached, batch 1",
+            TRANSFORMERS,
+        ),
     )
 }
 QUICK_REAL_MODELS = tuple(REAL_SUITE)  # every architecture, in its tiny form
