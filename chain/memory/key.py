@@ -82,14 +82,37 @@ def environment(devices: Sequence[str]) -> dict[str, Any]:
     return {"packages": _packages(), "devices": [_device(d) for d in sorted(set(devices))]}
 
 
-def _inputs(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
-    """Input specs; a symbolic size shows as its symbol (its name says which sizes are equal)."""
+def _size(d: Any) -> int | str:
+    """A size as the key holds it: a number, or a symbol's text (a SymInt dynamo's guards
+    reduced to a constant is that number)."""
+    if isinstance(d, int):
+        return d
+    expr = getattr(getattr(d, "node", None), "expr", None)
+    if expr is not None and not expr.free_symbols:
+        return int(expr)
+    return str(d)
+
+
+def _inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    """Input specs; a symbolic size shows as its symbol (its name says which sizes are equal),
+    never as this call's value: dynamo's example tensors are real, at the first call's
+    sizes, and its traced placeholders say which of those sizes are symbolic."""
     specs = graphinfo.input_specs(example_inputs)
-    for spec, value in zip(specs, example_inputs, strict=True):
+    traced = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+    for i, (spec, value) in enumerate(zip(specs, example_inputs, strict=True)):
+        seen = traced[i] if i < len(traced) else None
         if isinstance(value, torch.Tensor):
-            spec["symbolic"] = [not isinstance(d, int) for d in value.shape]
-        elif isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            spec["value"] = type(value).__name__  # a symbol: its kind, not this call's value
+            shape = value.shape
+            if isinstance(seen, torch.Tensor) and seen.dim() == value.dim():
+                shape = seen.shape
+            sizes = [_size(d) for d in shape]
+            spec["symbolic"] = [not isinstance(d, int) for d in sizes]
+            spec["shape"] = sizes
+        elif isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool) or isinstance(
+            seen, torch.SymInt | torch.SymFloat | torch.SymBool
+        ):
+            spec["value"] = type(seen or value).__name__  # a symbol: its kind, not a value
+            spec.pop("hint", None)
     return specs
 
 
@@ -108,7 +131,7 @@ def key_parts(
     gm: fx.GraphModule, example_inputs: Sequence[Any], chain: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Everything the key hashes, as JSON-ready data (kept in the entry, shown by the CLI)."""
-    inputs = _inputs(example_inputs)
+    inputs = _inputs(gm, example_inputs)
     devices = [s["device"] for s in inputs if "device" in s] or ["cpu"]
     return {
         "format": FORMAT,

@@ -1,0 +1,246 @@
+"""inductor's artefact (backends.inductor_package): the process that selects inductor builds
+an AOTInductor package in the background; a second process runs the graph from it, with
+no inductor compile; a package for another machine, a damaged one, or one in a store
+others can write to is a note and inductor's usual compile.
+
+One cold process builds one package (tens of seconds on a small CPU); every test works on
+copies of its store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import backends.inductor_package as package
+from backends.errors import Unsupported
+from backends.inductor_runner import mismatch, private_file
+from backends.registry import Artefact
+from chain.memory import LocalStore, RedisStore
+from chain.memory.artefacts import decode as decode_artefact
+from chain.memory.artefacts import encode as encode_artefact
+from chain.memory.trust import why_untrusted
+from tests.helpers import fresh_process, memory_env
+
+# Calls a dynamic MLP at two batch sizes (one graph, one symbolic size) under the mode
+# named by argv[2], in the store of the cache argv[1]; prints what the chain did.
+_CHILD = """
+import json, sys
+import torch
+from chain import chain
+from chain.select import deferred
+from tests.models import MLP
+
+torch.manual_seed(0)
+model = MLP().eval()
+backend = chain("inductor", "eager", mode="fastest", eager_floor=False, memory=True)
+fast = torch.compile(model, backend=backend, dynamic=True)
+mode = torch.inference_mode() if sys.argv[2] == "inference" else torch.no_grad()
+errors = []
+with mode:
+    for batch in json.loads(sys.argv[3]):
+        x = torch.randn(batch, 32)
+        errors.append((fast(x) - model(x)).abs().max().item())
+loads = "torch._inductor.compile_fx" in sys.modules
+finished = deferred.wait(600)
+[graph] = backend.report.graphs
+[winner] = [a for a in graph.attempts if a.backend == graph.winner]
+print(json.dumps({
+    "winner": graph.winner, "notes": list(graph.notes), "details": winner.details,
+    "errors": errors, "inductor_imported": loads, "finished": finished,
+}))
+"""
+
+
+def _run(cache: Path, mode: str, batches: list[int], **env: str) -> dict[str, Any]:
+    """The child above in a fresh process on the store in `cache`; its summary."""
+    environment = {
+        **memory_env(cache),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),  # JIT compiles hit its FX cache
+        "CHAIN_INDUCTOR_PACKAGE": "1",
+        **env,
+    }
+    return fresh_process(_CHILD, str(cache), mode, json.dumps(batches), env=environment)
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A cache whose store holds inductor's decision and package for the MLP, and what the
+    process that selected reported."""
+    cache = tmp_path_factory.mktemp("cold")
+    return cache, _run(cache, "inference", [4, 7])
+
+
+def _copy(cold: tuple[Path, dict[str, Any]], tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the cold cache (modes kept: the store stays 0700); its artefact file."""
+    cache = tmp_path / "cache"
+    shutil.copytree(cold[0], cache, symlinks=True)
+    [artefact] = (cache / "decisions" / "artefacts").glob("*.bin")
+    return cache, artefact
+
+
+def _rewrite(path: Path, change: Any) -> None:
+    """Re-encode the stored package after `change(header, package) -> (header, package)`,
+    digested as an honest writer would: only the backend's own checks can refuse it."""
+    key = path.stem
+    stored, weights = decode_artefact(path.read_bytes(), key, "inductor")
+    header, body = change(*package.decode(stored.data))
+    data = package.encode(header, body)
+    path.write_bytes(encode_artefact(key, "inductor", Artefact(data, stored.reads), weights))
+
+
+def _jit(summary: dict[str, Any], note: str) -> None:
+    """The warm process compiled inductor as usual, said why, and answered right."""
+    assert summary["winner"] == "inductor"
+    assert "from_package" not in summary["details"]
+    assert any(note in n for n in summary["notes"]), summary["notes"]
+    assert max(summary["errors"]) < 1e-4
+
+
+def test_the_selecting_process_builds_a_verified_package(
+    cold: tuple[Path, dict[str, Any]],
+) -> None:
+    cache, summary = cold
+    assert summary["winner"] == "inductor"
+    assert summary["finished"]
+    stored = [n for n in summary["notes"] if "package stored" in n]
+    assert stored and "verified against eager" in stored[0], summary["notes"]
+    assert "built in" in stored[0] and "of the JIT compile" in stored[0]
+    [artefact] = (cache / "decisions" / "artefacts").glob("*.bin")
+    key = artefact.stem
+    data, _ = decode_artefact(artefact.read_bytes(), key, "inductor")
+    header, body = package.decode(data.data)
+    assert body[:2] == b"PK"  # a zip: torch's package format
+    assert header.built_for == package.machine(torch.device("cpu"), {})
+    assert header.dynamic  # the batch size, exported as a dynamic dim with dynamo's range
+    [[dim, low, high]] = next(iter(header.dynamic.values()))
+    assert (dim, low, high) == (0, 2, None)
+
+
+def test_a_second_process_runs_the_package_without_inductor(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cache, _ = _copy(cold, tmp_path)
+    summary = _run(cache, "no_grad", [5, 9, 4])
+    assert summary["winner"] == "inductor"
+    assert summary["details"].get("from_package") is True
+    assert summary["details"]["artefact"]["bytes"] > 100_000
+    assert not summary["inductor_imported"]  # no inductor compile, not even its import
+    assert any("built from its stored artefact" in n for n in summary["notes"])
+    assert summary["details"]["verified"]  # checked against eager on its first call
+    assert max(summary["errors"]) < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("fact", "value"), [("capability", "SVE256"), ("torch", "2.0.0"), ("compiler", "cc 1.0")]
+)
+def test_a_package_for_another_machine_misses(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path, fact: str, value: str
+) -> None:
+    cache, artefact = _copy(cold, tmp_path)
+
+    def elsewhere(header: package.Header, body: bytes) -> tuple[package.Header, bytes]:
+        built_for = {**header.built_for, fact: value}
+        return dataclasses.replace(header, built_for=built_for), body
+
+    _rewrite(artefact, elsewhere)
+    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
+    _jit(summary, f"inductor package built for {fact} {value!r}")
+
+
+def test_a_damaged_package_is_a_note_and_a_cold_path(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Bytes changed in the store fail its digest; a package damaged before it was stored
+    (digested as it is) fails torch's loader: both are notes, and inductor compiles."""
+    cache, artefact = _copy(cold, tmp_path)
+    data = bytearray(artefact.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    artefact.write_bytes(bytes(data))
+    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
+    _jit(summary, "artefact bytes do not match their digest")
+
+    cache, artefact = _copy(cold, tmp_path / "second")
+    _rewrite(artefact, lambda header, body: (header, body[: len(body) // 2]))
+    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
+    _jit(summary, "inductor package cannot be loaded")
+
+
+def test_an_unsigned_package_in_a_store_others_can_write_is_refused(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cache, _ = _copy(cold, tmp_path)
+    (cache / "decisions").chmod(0o770)
+    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
+    _jit(summary, "it holds native code, and it is not signed")
+    assert any("writable by group (mode 0770)" in n for n in summary["notes"])
+
+
+# -- the checks on their own ----------------------------------------------------------------
+
+
+def test_trust_needs_a_private_store_or_a_signature(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CHAIN_MEMORY_KEY", raising=False)
+    store = LocalStore(tmp_path / "decisions")
+    key = "ab" * 16
+    store.artefacts().put(key, b"x")  # makes the folders 0700
+    os.chmod(store.artefacts()._path(key), 0o600)
+    assert why_untrusted(store, key) is None
+    os.chmod(store.artefacts()._path(key), 0o666)
+    assert "writable by group and others (mode 0666)" in (why_untrusted(store, key) or "")
+    os.chmod(store.artefacts()._path(key), 0o600)
+    (tmp_path / "decisions").chmod(0o707)
+    assert "writable by others" in (why_untrusted(store, key) or "")
+    monkeypatch.setenv("CHAIN_MEMORY_KEY", "secret")  # signed: the store checked the HMAC
+    assert why_untrusted(store, key) is None
+    monkeypatch.delenv("CHAIN_MEMORY_KEY")
+    redis = RedisStore.__new__(RedisStore)
+    redis.location = "redis://host:6379/0"
+    assert "not a local folder" in (why_untrusted(redis, key) or "")
+
+
+def test_the_private_file_and_the_machine_check() -> None:
+    with private_file(b"package") as path:
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+        folder = os.path.dirname(path)
+    assert not os.path.exists(folder)
+    here = package.machine(torch.device("cpu"), {})
+    assert mismatch(here, here) is None
+    assert "capability" in (mismatch({**here, "capability": "X"}, here) or "")
+    with pytest.raises(Unsupported, match="not an inductor package"):
+        package.decode(b"PK\x03\x04 something else")
+    header = package.Header((0, 9), 2, "", {}, here)  # reads an input the graph has not
+    with pytest.raises(Unsupported, match="wrong type"):
+        package.decode(package.encode(header, b""))
+
+
+@pytest.mark.cuda
+def test_a_cuda_graph_runs_from_its_package(tmp_path: Path) -> None:
+    """The same on a GPU: the package is built for the GPU and its compute capability."""
+    cache = tmp_path / "cache"
+    code = _CHILD.replace("MLP().eval()", "MLP().eval().cuda()").replace(
+        "torch.randn(batch, 32)", "torch.randn(batch, 32, device='cuda')"
+    )
+    env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
+    cold = fresh_process(code, str(cache), "inference", "[4, 7]", env=env)
+    assert any("package stored" in n for n in cold["notes"]), cold["notes"]
+    warm = fresh_process(code, str(cache), "no_grad", "[5, 4]", env=env)
+    assert warm["details"].get("from_package") is True
+    assert not warm["inductor_imported"]
+    assert max(warm["errors"]) < 1e-3
+    [artefact] = (cache / "decisions" / "artefacts").glob("*.bin")
+    data, _ = decode_artefact(artefact.read_bytes(), artefact.stem, "inductor")
+    header, _ = package.decode(data.data)
+    assert header.built_for["device"] == "cuda"
+    assert header.built_for["capability"] == list(torch.cuda.get_device_capability())
