@@ -20,33 +20,36 @@ RECENT = 4  # calls whose outputs are remembered (weakly): a buffer in turn amon
 
 
 class Reuse:
-    """The fresh outputs of the last few calls (weak references and data pointers)."""
+    """The fresh outputs of the last few calls (data pointers and weak references)."""
 
     __slots__ = ("positions", "recent")
 
     def __init__(self, positions: Sequence[int]) -> None:
         """`positions`: the flat outputs eager returns in fresh memory (non-empty ones)."""
         self.positions = tuple(positions)
-        self.recent: deque[tuple[int, tuple[tuple[int, int, weakref.ref[Any]], ...]]] = deque(
+        self.recent: deque[tuple[int, dict[int, list[tuple[int, weakref.ref[Any]]]]]] = deque(
             maxlen=RECENT
         )
 
     def check(self, n: int, leaves: Sequence[Any]) -> str | None:
         """Why call `n`'s outputs are memory an earlier call returned (None: they are not);
         then remembers them. Call `n` checked again (the general path after the fast path)
-        is compared with the calls before it, and remembered once."""
-        now = tuple(
-            (i, t.data_ptr(), weakref.ref(t)) for i in self.positions if (t := leaves[i]).numel()
-        )
-        earlier = [outputs for call, outputs in tuple(self.recent) if call != n]
-        if not self.recent or self.recent[-1][0] != n:
-            self.recent.append((n, now))
-        ptrs = {ptr: i for i, ptr, _ in now}
+        is compared with the calls before it, and remembered once. Per earlier call one set
+        intersection of data pointers: a weak reference is read only where two meet."""
+        now: dict[int, list[tuple[int, weakref.ref[Any]]]] = {}
+        for i in self.positions:
+            if (t := leaves[i]).numel():  # two outputs at one pointer (a view): both kept
+                now.setdefault(t.data_ptr(), []).append((i, weakref.ref(t)))
+        recent = self.recent
+        earlier = [outputs for call, outputs in tuple(recent) if call != n]
+        if not recent or recent[-1][0] != n:
+            recent.append((n, now))
         for outputs in earlier:
-            for j, ptr, ref in outputs:
-                if ptr in ptrs and (held := ref()) is not None and held.numel():
-                    return (
-                        f"output {ptrs[ptr]} is the memory of output {j} of an earlier call, "
-                        "which the caller still holds: that answer was overwritten"
-                    )
+            for ptr in outputs.keys() & now.keys():
+                for j, ref in outputs[ptr]:
+                    if (held := ref()) is not None and held.numel():
+                        return (
+                            f"output {now[ptr][0][0]} is the memory of output {j} of an earlier "
+                            "call, which the caller still holds: that answer was overwritten"
+                        )
         return None

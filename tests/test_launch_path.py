@@ -1,0 +1,160 @@
+"""The per-call path of a launch-bound winner (issue 38): the fast path's aliasing and reuse
+checks read each storage once a call, and still catch what the general path catches, with
+its words, on a graph of several inputs and outputs, at calls that no re-verification is
+scheduled for (the first ones are 2, 4 and 8)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import fx
+
+from chain import Status, chain
+from chain.report.records import GraphRecord
+
+
+class WrongFrom:
+    """Right until the guard's call `start`, then `spoil`s its outputs (its run call 1 is
+    selection's verification: measure=False)."""
+
+    def __init__(
+        self, spoil: Callable[[tuple[Any, ...], list[Any]], list[Any]], start: int
+    ) -> None:
+        self.spoil, self.start = spoil, start
+        self.__name__ = "wrong_from"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        calls = 0
+
+        def run(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            out = list(gm(*args))
+            return self.spoil(args, out) if calls > self.start else out
+
+        return run
+
+
+def three(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, n: torch.Tensor) -> Any:
+    """Three fresh float outputs of three float inputs; `n` (int) is never aliased."""
+    return a + 1, b * 2, c[1:] - 1, n + 1
+
+
+def _inputs() -> tuple[torch.Tensor, ...]:
+    return torch.randn(4, 8), torch.randn(4, 8), torch.randn(5, 8), torch.arange(3)
+
+
+def _demoted(graph: GraphRecord) -> str | None:
+    first = graph.attempts[0]
+    assert first.status is Status.MISMATCH, first
+    return first.reason
+
+
+def _run(backend: Any, calls: int = 6) -> list[Any]:
+    compiled = torch.compile(three, backend=backend)
+    held = []
+    with torch.no_grad():
+        for _ in range(calls):
+            args = _inputs()
+            out = compiled(*args)
+            for got, want in zip(out, three(*args), strict=True):
+                torch.testing.assert_close(got, want)
+            held.append(out)  # the caller keeps every answer
+    return held
+
+
+def _view_of_input_c(args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    return [*out[:2], args[2][1:], out[3]]  # the caller's own `c`, at an offset
+
+
+def _input_b(args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+    return [args[1], *out[1:]]  # the caller's own `b` (the wrong values too: it is caught)
+
+
+@pytest.mark.parametrize(
+    "spoil, reason",
+    [
+        (_view_of_input_c, "output 2 aliases input 2; eager's is fresh memory"),
+        (_input_b, "output 0 aliases input 1; eager's is fresh memory"),
+    ],
+)
+def test_an_output_in_any_inputs_memory_is_caught_at_an_unscheduled_call(
+    spoil: Callable[..., list[Any]], reason: str, guard_path: str
+) -> None:
+    backend = chain(WrongFrom(spoil, 3), "eager", measure=False)
+    _run(backend)
+    graph = backend.report.graphs[0]
+    assert _demoted(graph) == f"at call 3: {reason}"
+    assert graph.winner == "eager"
+
+
+def test_an_empty_input_aliases_nothing(guard_path: str) -> None:
+    """Empty tensors share the null pointer: an empty output is never taken for an alias."""
+
+    def empties(a: torch.Tensor, b: torch.Tensor) -> Any:
+        return a * 2, b + 1
+
+    backend = chain(lambda gm, ex: gm.forward, "eager", measure=False)
+    compiled = torch.compile(empties, backend=backend)
+    with torch.no_grad():
+        for _ in range(6):
+            a, b = torch.randn(3, 0), torch.randn(4)
+            out = compiled(a, b)
+            assert out[0].shape == (3, 0) and torch.equal(out[1], b + 1)
+    graph = backend.report.graphs[0]
+    assert graph.winner is not None and graph.winner != "eager"
+    assert all(a.status is not Status.MISMATCH for a in graph.attempts)
+
+
+def test_one_buffer_for_a_later_output_is_caught_at_an_unscheduled_call(guard_path: str) -> None:
+    kept: list[torch.Tensor] = []
+
+    def one_buffer_for_output_1(args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+        if not kept:
+            kept.append(out[1].clone())
+        kept[0].copy_(out[1])
+        return [out[0], kept[0], *out[2:]]  # the same tensor every call from call 4 on
+
+    backend = chain(WrongFrom(one_buffer_for_output_1, 4), "eager", measure=False)
+    held = _run(backend)
+    graph = backend.report.graphs[0]
+    assert _demoted(graph) == (
+        "at call 5: output 1 is the memory of output 1 of an earlier call, "
+        "which the caller still holds: that answer was overwritten"
+    )
+    assert graph.winner == "eager"
+    assert sum(h[1] is kept[0] for h in held) == 1  # only call 4's answer is the buffer
+
+
+def test_two_outputs_at_one_pointer_are_both_remembered(guard_path: str) -> None:
+    """An output and a view of it share a pointer: the caller holding the first (not the
+    view) is enough for a later call handing that memory out again to be caught."""
+
+    def pair(x: torch.Tensor) -> Any:
+        y = x * 2
+        return y, y.view(-1)
+
+    def static_pair(args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+        if not buffer:
+            buffer.append(out[0].clone())
+        buffer[0].copy_(out[0])
+        return [buffer[0], buffer[0].view(-1)]
+
+    buffer: list[torch.Tensor] = []
+    backend = chain(WrongFrom(static_pair, 4), "eager", measure=False)
+    compiled = torch.compile(pair, backend=backend)
+    kept = []
+    with torch.no_grad():
+        for _ in range(6):
+            y, flat = compiled(torch.randn(2, 3))
+            kept.append(y)  # the caller keeps the first output only
+            del flat
+    graph = backend.report.graphs[0]
+    assert _demoted(graph) == (
+        "at call 5: output 0 is the memory of output 0 of an earlier call, "
+        "which the caller still holds: that answer was overwritten"
+    )
+    assert graph.winner == "eager"
