@@ -2,12 +2,16 @@
 
     python benchmarks/warm_start.py [--models distilbert convnext] [--repeats 1]
 
-Per model and backend, three fresh processes share one cache directory (CHAIN_CACHE_DIR
-and TORCHINDUCTOR_CACHE_DIR, empty at the start): `cold` selects and stores the decisions,
-`warm` finds them (it compiles and verifies each winner only). The time is the first call:
-compile and one run, from `torch.compile(...)` to its result. Backends: dynamo's `eager`
-(the floor a warm start is held to), `inductor` alone (the floor when inductor is the
-remembered winner), the default chain, and `fastest` with inductor.
+Per model and backend, fresh processes share one cache directory (CHAIN_CACHE_DIR and
+TORCHINDUCTOR_CACHE_DIR, empty at the start): `cold` selects and stores the decisions (and,
+for an inductor winner, builds its AOTInductor package in the background: the process ends
+when it is stored), `warm` finds them (it compiles and verifies each winner only, or loads
+its package). The time is the first call: compile and one run, from `torch.compile(...)` to
+its result. Backends: dynamo's `eager` (the floor a warm start is held to), `inductor` alone
+(its own caches warm: what a warm start cost before packages), the default chain, and
+`fastest` with inductor (with and without ONNX Runtime). `x eager` is the warm first call
+over compile(eager)'s; `cold/warm` the cold first call over the warm one; `packages` the
+graphs a warm process ran from a package, and whether it imported inductor's compiler.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ BACKENDS = {
     "compile(inductor)": "'inductor'",
     "default chain": "chain(*default_backends())",
     "fastest+inductor": "chain('onnxruntime', 'inductor', 'eager', mode='fastest')",
+    "fastest(inductor)": "chain('inductor', 'eager', mode='fastest')",
 }
 
 _CHILD = """
@@ -59,7 +64,13 @@ first_s = time.perf_counter() - start
 records = backend.report.graphs if hasattr(backend, "report") else []
 remembered = sum(any(n.startswith("remembered:") for n in g.notes) for g in records)
 winners = [g.winner for g in records]
-print(json.dumps({"first_s": first_s, "remembered": remembered, "winners": winners}))
+packages = sum(
+    any(a.details.get("from_package") for a in g.attempts if a.backend == g.winner)
+    for g in records
+)
+compiler = "torch._inductor.compile_fx" in sys.modules
+print(json.dumps({"first_s": first_s, "remembered": remembered, "winners": winners,
+                  "packages": packages, "inductor_imported": compiler}))
 """
 
 
@@ -86,23 +97,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["distilbert", "convnext"])
     parser.add_argument("--repeats", type=int, default=1, help="warm processes per cell")
+    parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     args = parser.parse_args()
-    print("| model | backend | cold first call s | warm first call s | remembered | winners |")
-    print("| --- | --- | ---: | ---: | ---: | --- |")
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
+    print(
+        "| model | backend | cold first call s | warm first call s | x eager | cold/warm "
+        "| remembered | packages | winners |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for model in args.models:
-        for label, backend in BACKENDS.items():
+        eager_s: float | None = None
+        for label in args.backends:
+            backend = BACKENDS[label]
             with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
+                cold: float | None = None
                 try:
-                    cold_s = f"{first_call(model, backend, Path(tmp))['first_s']:.2f}"
+                    cold = float(first_call(model, backend, Path(tmp))["first_s"])  # type: ignore[arg-type]
+                    cold_s = f"{cold:.2f}"
                 except RuntimeError as e:  # a failed cold start is a cell, not the end
                     cold_s = f"failed: {str(e).strip().splitlines()[-1][:80]}"
                 warm = [first_call(model, backend, Path(tmp)) for _ in range(args.repeats)]
-            best = min(w["first_s"] for w in warm)  # type: ignore[type-var]
+            best = min(float(w["first_s"]) for w in warm)  # type: ignore[arg-type]
+            if label == "compile(eager)":
+                eager_s = best
+            ratio = f"{best / eager_s:.2f}" if eager_s else "n/a"
+            speedup = f"{cold / best:.1f}" if cold else "n/a"
+            imported = " (inductor imported)" if warm[0].get("inductor_imported") else ""
             print(
-                f"| {model} | {label} | {cold_s} | {best:.2f} | "
-                f"{warm[0]['remembered']} | {', '.join(map(str, warm[0]['winners']))} |",
+                f"| {model} | {label} | {cold_s} | {best:.2f} | {ratio} | {speedup} | "
+                f"{warm[0]['remembered']} | {warm[0].get('packages', 0)}{imported} | "
+                f"{', '.join(map(str, warm[0]['winners']))} |",
                 flush=True,
             )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
