@@ -10,9 +10,10 @@ scan on the calls drawn for it) and hands every other (a call to re-verify, an o
 fails a check, an activation written, a NaN found) to the general path as a `Slow`, which
 finds the same failure and words it: a verdict is always the general path's.
 
-Aliasing is checked in one pass: the storages of the activations an output must not
-alias are read once a call, then each output's once (the general path reads an input's per
-output: 81 reads a call for a GPT-2 decode step's 9 outputs and 9 cache tensors, 18 here).
+Aliasing and reuse are checked in one pass: the storages of the activations an output must
+not alias are read once a call, then each output's once, for both checks (the general path
+reads an input's per output: 81 reads a call for a GPT-2 decode step's 9 outputs and 9
+cache tensors, then each output's again for the reuse check; 18 reads here).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from backends.common.versions import versions as read_versions
 from chain.run.watch.expect import OutputSpec, _finite, _fits, _storage
+from chain.run.watch.reuse import Reuse
 from chain.run.watch.watch import Watch
 
 NOT_RUN = object()  # Slow.out of a call the fast path left to the general path whole
@@ -54,9 +56,8 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     count = expected.count
     scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
     specs = tuple((s.index, s.dtype, s.static, s.on_cpu, s.device, s) for s in expected.specs)
-    layout = _layout_check(expected.specs)
+    memory = _memory_check(expected.specs, watch.reuse)
     versioned = watch.versioned
-    reuse = watch.reuse.check if watch.reuse is not None else None
     tensor, sequence = torch.Tensor, (tuple, list)  # `tuple | list` is built on each use
 
     def call(*args: Any) -> Any:
@@ -82,11 +83,9 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     and (t.shape == static if static is not None else _fits(t, spec, args))
                 ):
                     return Slow(n, False, out, versions)
-            if layout is not None and not layout(args, out):
+            if memory is not None and not memory(n, args, out):
                 return Slow(n, False, out, versions)
             if versions is not None and read_versions(args, versioned) != versions:
-                return Slow(n, False, out, versions)
-            if reuse is not None and reuse(n, out) is not None:
                 return Slow(n, False, out, versions)
             if scanned and draw() < watch.scan_share and not all(_finite(out[i]) for i in scanned):
                 return Slow(n, True, out, versions)  # suspect: re-verified at once
@@ -96,10 +95,13 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     return call
 
 
-def _layout_check(specs: Sequence[OutputSpec]) -> Callable[[Sequence[Any], Any], bool] | None:
-    """(args, outputs) -> whether every output's aliasing and layout are eager's, with one
-    storage read per input and output involved (as `expect._layout`, which words a failure);
-    None when no output has any to check."""
+def _memory_check(
+    specs: Sequence[OutputSpec], reuse: Reuse | None
+) -> Callable[[int, Sequence[Any], Any], bool] | None:
+    """(call, args, outputs) -> whether every output's aliasing and layout are eager's and no
+    output is memory an earlier call handed out (`Reuse`), with one storage read per input
+    and output involved (as `expect._layout` and `Reuse.check`, which word a failure); None
+    when there is nothing to check."""
     aliased = tuple((s.index, s.alias) for s in specs if s.alias is not None)
     groups: dict[tuple[int, ...], list[int]] = {}  # outputs by the inputs they must not alias
     for s in specs:
@@ -108,23 +110,27 @@ def _layout_check(specs: Sequence[OutputSpec]) -> Callable[[Sequence[Any], Any],
     fresh = tuple((of, tuple(outputs)) for of, outputs in groups.items())
     guarded = tuple(sorted({j for of, _ in fresh for j in of}))
     channels = tuple(s.index for s in specs if s.channels_last)
-    if not (aliased or fresh or channels):
+    remembered = set(reuse.positions) if reuse is not None else set()
+    read = tuple(sorted({i for _, outputs in fresh for i in outputs} | remembered))
+    seen = reuse.seen if reuse is not None else None
+    if not (aliased or read or channels):
         return None
     last = torch.channels_last
 
-    def check(args: Sequence[Any], out: Any) -> bool:
+    def check(n: int, args: Sequence[Any], out: Any) -> bool:
         for i, j in aliased:
             if _storage(out[i]) != _storage(args[j]):
                 return False
+        storages = {i: _storage(out[i]) for i in read}  # 0: empty, aliases nothing
         if fresh:
             where = {j: _storage(args[j]) for j in guarded}
             for of, outputs in fresh:
                 forbidden = {where[j] for j in of}
-                forbidden.discard(0)  # an empty input aliases nothing
-                for i in outputs:
-                    t = out[i]
-                    if t.numel() and _storage(t) in forbidden:
-                        return False
+                forbidden.discard(0)
+                if any(storages[i] in forbidden for i in outputs):
+                    return False
+        if seen is not None and seen(n, out, storages) is not None:
+            return False
         return all(out[i].is_contiguous(memory_format=last) for i in channels)
 
     return check
