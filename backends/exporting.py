@@ -9,8 +9,11 @@ raises `KeyError: 'custom'`; model code that asks `is_exporting()` takes its exp
 `exporting_here()` marks the calling thread as the one that exports (with `cancel`'s
 process-wide section: one export at a time). While a thread holds it, `is_exporting()`
 answers for that thread alone; with none held it is torch's answer, unchanged. Installed
-on the first export, as `torch.compiler.is_exporting` (dynamo reads it from there at each
-call); `from torch.compiler import is_exporting` made earlier keeps torch's.
+when this module is imported, as `torch.compiler.is_exporting` (dynamo reads it from
+there at each call), before any graph is traced: dynamo folds it to a constant like
+torch's (`assume_constant_result`), so every process traces the same graphs whether or
+not it exported (a late install made a decision's key differ between processes).
+`from torch.compiler import is_exporting` made earlier keeps torch's.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import torch
 
 _owner: int | None = None  # the thread inside exporting_here(), if any
 _torch_is_exporting = torch.compiler.is_exporting
-_install = threading.Lock()
 
 
+@torch._dynamo.assume_constant_result
 def is_exporting() -> bool:
     """torch's flag, except on a thread other than the one the chain exports on."""
     owner = _owner
@@ -34,14 +37,14 @@ def is_exporting() -> bool:
     return _torch_is_exporting()
 
 
+torch.compiler.is_exporting = is_exporting
+
+
 @contextlib.contextmanager
 def exporting_here() -> Iterator[None]:
     """Run an export on this thread with other threads seeing `is_exporting()` False. The
     caller holds `cancel.process_wide()` (one export at a time); re-entry is allowed."""
     global _owner
-    with _install:
-        if torch.compiler.is_exporting is not is_exporting:
-            torch.compiler.is_exporting = is_exporting
     previous, _owner = _owner, threading.get_ident()
     try:
         yield

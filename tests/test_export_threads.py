@@ -136,3 +136,42 @@ def test_threads_calling_a_chain_compiled_model_while_it_selects(dynamic: bool |
         t.join()
     assert errors == []
     assert results == [True] * 16
+
+
+def test_dynamo_folds_is_exporting_to_a_constant_in_one_graph() -> None:
+    """Model code that asks `is_exporting()` (transformers does) compiles to one graph taking
+    the not-exporting branch: before, during (on another thread) and after a chain export."""
+    from torch._dynamo.testing import CompileCounter
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if torch.compiler.is_exporting() else x - 1
+
+    def compiles_to_one_graph() -> None:
+        torch._dynamo.reset()
+        counter = CompileCounter()
+        x = torch.randn(3)
+        assert torch.equal(torch.compile(forward, backend=counter)(x), x - 1)
+        assert (counter.frame_count, counter.op_count) == (1, 1)
+
+    inside, release = threading.Event(), threading.Event()
+
+    class Held(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            inside.set()
+            release.wait(30)
+            return x * 2
+
+    def export() -> None:
+        with cancel.process_wide():
+            torch.export.export(Held(), (torch.randn(2),), strict=False)
+
+    compiles_to_one_graph()
+    thread = threading.Thread(target=export)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        compiles_to_one_graph()
+    finally:
+        release.set()
+        thread.join()
+    compiles_to_one_graph()

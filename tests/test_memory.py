@@ -429,7 +429,8 @@ def test_a_second_process_compiles_only_the_winner(tmp_path: Path) -> None:
     assert len(list((tmp_path / "cache" / "decisions").glob("*.json"))) == 2
 
     warm, warm_compiled = process("warm.json")
-    assert warm_compiled == [g.winner for g in cold.graphs]  # the winners, nothing else
+    why = [(g.notes, [(a.backend, a.status, a.reason) for a in g.attempts]) for g in warm.graphs]
+    assert warm_compiled == [g.winner for g in cold.graphs], why  # the winners, nothing else
     for before, after in zip(cold.graphs, warm.graphs, strict=True):
         assert _remembered(after), after.notes
         assert after.winner == before.winner
