@@ -12,8 +12,10 @@ import pytest
 import torch
 from torch import fx
 
+from backends.common.versions import NO_VERSION, reader, versions
 from chain import Status, chain
 from chain.report.records import GraphRecord
+from chain.run.watch import InputsWritten
 
 
 class WrongFrom:
@@ -158,3 +160,34 @@ def test_two_outputs_at_one_pointer_are_both_remembered(guard_path: str) -> None
         "which the caller still holds: that answer was overwritten"
     )
     assert graph.winner == "eager"
+
+
+def test_a_write_to_an_activation_at_an_unscheduled_call_stops_that_call(guard_path: str) -> None:
+    def writes_b(args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+        args[1].add_(1.0)  # eager leaves `b` alone; its version counter moves
+        return out
+
+    backend = chain(WrongFrom(writes_b, 3), "eager", measure=False)
+    compiled = torch.compile(three, backend=backend)
+    with torch.no_grad():
+        for _ in range(2):
+            compiled(*_inputs())
+        args = _inputs()
+        with pytest.raises(InputsWritten, match=r"wrote input\(s\) \[1\] where eager does not"):
+            compiled(*args)
+        out = compiled(*args)  # eager from now on
+    graph = backend.report.graphs[0]
+    assert _demoted(graph) == "at call 3: wrote input(s) [1] where eager does not"
+    assert graph.winner == "eager" and torch.equal(out[1], args[1] * 2)
+
+
+def test_version_reader_reads_in_bulk_and_falls_back_for_inference_tensors() -> None:
+    a, b = torch.ones(2), torch.ones(3)
+    read, one = reader([0, 1]), reader([1])
+    assert read((a, b)) == versions((a, b), [0, 1]) == [0, 0] and one((a, b)) == [0]
+    a.add_(1.0)
+    assert read((a, b)) == [1, 0]
+    with torch.inference_mode():
+        c = torch.ones(2)
+    assert read((c, b)) == [NO_VERSION, 0]  # no counter: read as the general path reads it
+    assert read((a, b)) == [1, 0] and reader([])((a, b)) == []

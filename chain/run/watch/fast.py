@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from backends.common.versions import versions as read_versions
+from backends.common.versions import reader
 from chain.run.watch.expect import OutputSpec, _finite, _fits, _storage
 from chain.run.watch.reuse import Reuse
 from chain.run.watch.watch import Watch
@@ -57,7 +57,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
     specs = tuple((s.index, s.dtype, s.static, s.on_cpu, s.device, s) for s in expected.specs)
     memory = _memory_check(expected.specs, watch.reuse)
-    versioned = watch.versioned
+    read_versions = reader(watch.versioned) if watch.versioned else None
     tensor, sequence = torch.Tensor, (tuple, list)  # `tuple | list` is built on each use
 
     def call(*args: Any) -> Any:
@@ -66,7 +66,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
         timed = n >= schedule.mark  # a call around a re-verification: timed for its budget
         if timed and n >= schedule.due:
             return Slow(n)
-        versions = read_versions(args, versioned) if versioned else None
+        versions = read_versions(args) if read_versions is not None else None
         if timed:
             start = perf_counter()
             out = fn(*args)
@@ -85,7 +85,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     return Slow(n, False, out, versions)
             if memory is not None and not memory(n, args, out):
                 return Slow(n, False, out, versions)
-            if versions is not None and read_versions(args, versioned) != versions:
+            if read_versions is not None and read_versions(args) != versions:
                 return Slow(n, False, out, versions)
             if scanned and draw() < watch.scan_share and not all(_finite(out[i]) for i in scanned):
                 return Slow(n, True, out, versions)  # suspect: re-verified at once
