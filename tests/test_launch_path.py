@@ -191,3 +191,38 @@ def test_version_reader_reads_in_bulk_and_falls_back_for_inference_tensors() -> 
         c = torch.ones(2)
     assert read((c, b)) == [NO_VERSION, 0]  # no counter: read as the general path reads it
     assert read((a, b)) == [1, 0] and reader([])((a, b)) == []
+
+
+class Scaled(torch.nn.Module):
+    """One activation and a buffer: the buffer is a weight for the run-time checks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("shift", torch.randn(4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + self.shift
+
+
+def test_an_output_in_a_buffers_memory_is_caught_by_the_next_reverification(
+    guard_path: str,
+) -> None:
+    """Per call, fresh outputs are checked against the activations; against the buffers at
+    each re-verification, as against the parameters (the general path checks both)."""
+    model = Scaled().eval()
+    position: list[int] = []
+
+    def the_buffer(args: tuple[Any, ...], out: list[Any]) -> list[Any]:
+        position[:] = [next(i for i, a in enumerate(args) if a is model.shift)]
+        return [args[position[0]]]
+
+    backend = chain(WrongFrom(the_buffer, 3), "eager", measure=False)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(5):
+            compiled(torch.randn(4, 8))
+    graph = backend.report.graphs[0]
+    call = 3 if guard_path == "general" else 4  # 4: the scheduled re-verification
+    reason = f"output 0 aliases input {position[0]}; eager's is fresh memory"
+    assert _demoted(graph) == f"at call {call}: {reason}"
+    assert graph.winner == "eager"

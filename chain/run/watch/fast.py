@@ -56,7 +56,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     count = expected.count
     scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
     specs = tuple((s.index, s.dtype, s.static, s.on_cpu, s.device, s) for s in expected.specs)
-    memory = _memory_check(expected.specs, watch.reuse)
+    memory = _memory_check(expected.specs, watch.reuse, set(watch.versioned))
     read_versions = reader(watch.versioned) if watch.versioned else None
     tensor, sequence = torch.Tensor, (tuple, list)  # `tuple | list` is built on each use
 
@@ -96,17 +96,20 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
 
 
 def _memory_check(
-    specs: Sequence[OutputSpec], reuse: Reuse | None
+    specs: Sequence[OutputSpec], reuse: Reuse | None, activations: set[int]
 ) -> Callable[[int, Sequence[Any], Any], bool] | None:
     """(call, args, outputs) -> whether every output's aliasing and layout are eager's and no
     output is memory an earlier call handed out (`Reuse`), with one storage read per input
     and output involved (as `expect._layout` and `Reuse.check`, which word a failure); None
-    when there is nothing to check."""
+    when there is nothing to check. Fresh outputs are checked against the `activations`
+    only: the model's buffers (a ResNet's batch-norm statistics: 3 per layer) are left to the
+    re-verifications, as its parameters are, so no call's work grows with the weights."""
     aliased = tuple((s.index, s.alias) for s in specs if s.alias is not None)
     groups: dict[tuple[int, ...], list[int]] = {}  # outputs by the inputs they must not alias
     for s in specs:
-        if s.alias is None and s.fresh_of:
-            groups.setdefault(s.fresh_of, []).append(s.index)
+        of = tuple(j for j in s.fresh_of if j in activations)
+        if s.alias is None and of:
+            groups.setdefault(of, []).append(s.index)
     fresh = tuple((of, tuple(outputs)) for of, outputs in groups.items())
     guarded = tuple(sorted({j for of, _ in fresh for j in of}))
     channels = tuple(s.index for s in specs if s.channels_last)
