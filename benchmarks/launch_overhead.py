@@ -9,6 +9,8 @@ median ms per call of, side by side in one process:
   bare `sess.run` on numpy views, the backend's session options;
 - `floor`: `torch.compile` with a do-nothing backend (it returns the outputs computed
   once): dynamo's own per-call cost over the same graph, its guards and argument lists;
+- `floor[noguard]`: the same under `torch.compiler.set_stance(skip_guard_eval_unsafe=True)`
+  (entered per call): what of the floor is dynamo's guard evaluation;
 - `dyn+direct`: `direct` returned by a do-nothing backend: dynamo's floor and ONNX Runtime
   in one call (dynamo's part runs after ONNX Runtime has taken the caches, as it does in
   front of any backend);
@@ -102,7 +104,13 @@ def variants(
 
     direct = direct_session(model, args, threads)
     runs: dict[str, Run] = {"direct": direct}
-    runs["floor"] = compiled(model, nothing, args)
+    runs["floor"] = floor = compiled(model, nothing, args)
+
+    def unguarded() -> Any:
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return floor()
+
+    runs["floor[noguard]"] = unguarded
     runs["dyn+direct"] = compiled(model, lambda gm, ex: lambda *_: direct(), args)
     runs["ort"] = compiled(model, ours, args)
     if len(built) != 1:
@@ -186,6 +194,7 @@ def factors(
         ("runner - graph", f"{us['runner'] - us['graph']:+.1f} us (our runner's own work)"),
         ("  frozen weights", f"{frozen[1]:.1f} us for {frozen[0]} weights (warm loop)"),
         ("floor", f"{us['floor']:.1f} us (dynamo alone: guards, arguments, wrappers)"),
+        ("  its guards", f"{us['floor'] - us['floor[noguard]']:.1f} us (at least)"),
         ("dyn+direct - direct", f"{us['dyn+direct'] - us['direct']:+.1f} us (dynamo before ORT)"),
         ("ort - runner", f"{us['ort'] - us['runner']:+.1f} us (dynamo before our runner)"),
         ("ort / (floor + direct)", f"{row['ort'] / floor:.3f} (target <= 1.10)"),
