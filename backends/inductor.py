@@ -53,14 +53,16 @@ def inductor_reuse(
     *,
     artefact: bytes,
     mode: str | None = None,
+    cuda_graphs: bool = False,
     **options: Any,
 ) -> Callable[..., Any]:
     """inductor's compile from its stored package: loaded, nothing compiled (a package for
-    another machine or graph is Unsupported, saying which)."""
+    another machine or graph is Unsupported, saying which). `cuda_graphs`: for its CUDA
+    graphs variant (`inductor+graphs`), the package replayed as CUDA graphs."""
     from backends.inductor_runner import load
 
     patches = config_patches(mode, options)
-    if patches.get("triton.cudagraphs"):
+    if cuda_graphs or patches.get("triton.cudagraphs"):
         from backends.inductor_graphed import reuse_graphed
 
         return reuse_graphed(gm, example_inputs, artefact, patches)

@@ -6,6 +6,8 @@ buffers as static inputs (aot_autograd's `static_input_indices`, read from dynam
 marks). Like `backends.cudagraphs`, this module checks the preconditions first, watches
 torch's skip counter during compile and two probe calls (a skip is `Unsupported` with
 torch's reason, not an eager win), and clones the outputs that live in replay buffers.
+Its artefact is inductor's package (`backends.inductor_package`, built without CUDA
+graphs), which `reuse_graphed` loads and replays through torch's cudagraph trees.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ def compile_graphed(
         lambda: compile_fx(gm, example_inputs, config_patches=patches), gm, example_inputs
     )
     run.chain_details = details  # type: ignore[attr-defined]
-    return run
+    from backends.inductor import offer_package  # its package: the same, without CUDA graphs
+
+    return offer_package(run, gm, example_inputs, patches)
 
 
 @registry.graphed_variant("inductor")
@@ -47,8 +51,17 @@ def inductor_graphed(
 def reuse_graphed(
     gm: fx.GraphModule, example_inputs: list[Any], artefact: bytes, patches: dict[str, Any]
 ) -> Callable[..., Any]:
-    """inductor under CUDA graphs from its stored package: not loaded yet (the package is
-    built without CUDA graphs); compiled as usual."""
-    from backends.errors import Unsupported
+    """inductor under CUDA graphs from its stored package: the package (built without CUDA
+    graphs) loaded with torch's loader, then replayed through torch's cudagraph trees
+    (`graph_callable`, weights read in place), probed like a compile: nothing compiles."""
+    from backends.common.cudagraph_static import graph_callable, static_input_positions
+    from backends.inductor_runner import load
 
-    raise Unsupported("a package is not replayed under CUDA graphs: compiled as usual")
+    refuse_unless_graphable(gm, example_inputs)
+    runner = load(artefact, example_inputs, patches)
+    static = static_input_positions(gm, example_inputs)
+    run, details = capture(
+        lambda: graph_callable(runner, example_inputs, static), gm, example_inputs
+    )
+    run.chain_details = {**runner.chain_details, **details}  # type: ignore[attr-defined]
+    return run

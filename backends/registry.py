@@ -26,9 +26,10 @@ chain's memory stores it with a remembered decision and offers it back in a new 
 An artefact too expensive to build on the caller's thread (inductor's AOTInductor package:
 a second compile) is offered as `chain_artefact_later`: once the decision is kept, the chain
 calls it on the compiling thread (what must happen there: inductor's export) and runs the
-`() -> Artefact` it returns in the background. A backend whose artefacts hold native
-code (loading one runs it) declares `native_artefacts=True`: the chain then loads them
-only from a store the user trusts (docs/trust.md).
+`() -> Artefact` it returns in the background. A `reuse` hook that takes `cuda_graphs=True`
+also rebuilds the backend's CUDA graphs variant from the same artefact. A backend whose
+artefacts hold native code (loading one runs it) declares `native_artefacts=True`: the
+chain then loads them only from a store the user trusts (docs/trust.md).
 """
 
 from __future__ import annotations

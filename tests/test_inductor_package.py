@@ -244,3 +244,40 @@ def test_a_cuda_graph_runs_from_its_package(tmp_path: Path) -> None:
     header, _ = package.decode(data.data)
     assert header.built_for["device"] == "cuda"
     assert header.built_for["capability"] == list(torch.cuda.get_device_capability())
+
+
+def test_a_cuda_graphs_winner_is_rebuilt_from_its_backends_artefact() -> None:
+    """`inductor+graphs` reuses inductor's package (replayed as CUDA graphs); a variant whose
+    backend's reuse takes no `cuda_graphs` (ONNX Runtime's) is compiled as usual."""
+    from backends.registry import lookup_backend
+    from chain.select.deferred import reusing
+
+    inductor = lookup_backend("inductor")
+    assert reusing(inductor, "inductor", b"x").compiler.keywords == {"artefact": b"x"}  # type: ignore[union-attr, attr-defined]
+    graphed = reusing(inductor, "inductor+graphs", b"x")
+    assert graphed is not None and graphed.name == "inductor+graphs"
+    assert graphed.compiler.keywords == {"artefact": b"x", "cuda_graphs": True}  # type: ignore[attr-defined]
+    assert inductor.native_artefacts
+    assert reusing(lookup_backend("onnxruntime"), "onnxruntime+graphs", b"x") is None
+
+
+@pytest.mark.cuda
+def test_a_cuda_graphs_winner_replays_its_package(tmp_path: Path) -> None:
+    """inductor under CUDA graphs: its package (built without them) is replayed through
+    torch's cudagraph trees in the next process, nothing compiled."""
+    cache = tmp_path / "cache"
+    code = (
+        _CHILD.replace("MLP().eval()", "MLP().eval().cuda()")
+        .replace("torch.randn(batch, 32)", "torch.randn(batch, 32, device='cuda')")
+        .replace('mode="fastest", eager_floor=False', "cuda_graphs=True, eager_floor=False")
+        .replace("dynamic=True", "dynamic=False")
+    )
+    env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
+    cold = fresh_process(code, str(cache), "inference", "[8]", env=env)
+    assert cold["winner"] == "inductor+graphs"
+    assert any("package stored" in n for n in cold["notes"]), cold["notes"]
+    warm = fresh_process(code, str(cache), "no_grad", "[8]", env=env)
+    assert warm["winner"] == "inductor+graphs"
+    assert warm["details"].get("from_package") is True and warm["details"]["cuda_graphs"]
+    assert max(warm["errors"]) < 1e-3

@@ -18,6 +18,8 @@ calls never do). CHAIN_INDUCTOR_PACKAGE=0, or max_artefact_mb=0, builds none.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
 import queue
 import threading
@@ -43,15 +45,31 @@ log = logging.getLogger("chain")
 JIT = "JIT compile"  # the baseline a built artefact is timed against
 
 
+def reusing(backend: Backend, winner: str, data: bytes) -> Backend | None:
+    """`backend` compiling from its artefact `data` as the `winner` ran: the backend itself,
+    or its CUDA graphs variant (`<name>+graphs`) when its `reuse` hook takes
+    `cuda_graphs=True` (inductor: its package replayed as CUDA graphs); None otherwise."""
+    if backend.reuse is None:
+        return None
+    if winner == backend.name:
+        return backend.reusing(data)
+    if "cuda_graphs" not in inspect.signature(backend.reuse).parameters:
+        return None
+    compiler = functools.partial(backend.reuse, artefact=data, cuda_graphs=True)
+    return dataclasses.replace(backend, name=winner, compiler=compiler)
+
+
 @dataclass(frozen=True)
 class Build:
     """One artefact to build for graph `record_id` of `chain`: `build()` makes it, `jit` is
-    the compiled callable it would replace, `reference` what it is verified against."""
+    the compiled callable of the `winner` (the backend or its CUDA graphs variant) it would
+    replace, `reference` what it is verified against."""
 
     chain: Any  # chain.select.core.Chain (its memory, options, report)
     record_id: int
     recall: Recall
     backend: Backend
+    winner: str
     build: Callable[[], Artefact]
     jit: Callable[..., Any]
     gm: fx.GraphModule
@@ -155,8 +173,11 @@ def _run(build: Build) -> str:
             return _failed(build, f"not built ({error.reason})")
         build_s = time.perf_counter() - start
         options = build.chain.options.get(name, {})
+        compiler = reusing(build.backend, build.winner, artefact.data)
+        if compiler is None:
+            return _failed(build, f"{build.winner} cannot be rebuilt from it")
         attempt, fn = try_backend(
-            build.backend.reusing(artefact.data),
+            compiler,
             build.gm,
             build.inputs,
             build.reference,

@@ -91,22 +91,25 @@ class Remembered:
         """The remembered winner compiled from its stored artefact (chain.memory.artefacts):
         its attempt and callable, or (None, None, why not) for a compile as usual."""
         decision = recall.decision
-        if self.memory is None or decision is None or decision.winner != backend.name:
+        if self.memory is None or decision is None or backend.reuse is None:
             return None, None, None
-        if backend.reuse is None:
+        if base_name(decision.winner) != backend.name:
             return None, None, None
         native = backend.native_artefacts
+        if (compiler := deferred.reusing(backend, decision.winner, b"")) is None:
+            return None, None, None  # a CUDA graphs variant its artefact cannot rebuild
         data, note = self.memory.artefact(recall, backend.name, gm, inputs, native=native)
         if data is None:
             return None, None, note
-        fresh, fn = self._try(backend.reusing(data), backend, gm, inputs, reference)
+        compiler = deferred.reusing(backend, decision.winner, data)
+        fresh, fn = self._try(compiler, backend, gm, inputs, reference)  # type: ignore[arg-type]
         if fn is None:
             return (
                 None,
                 None,
                 (
-                    f"memory: {backend.name} from its stored artefact failed ({fresh.status}: "
-                    f"{fresh.reason}); compiled as usual"
+                    f"memory: {decision.winner} from its stored artefact failed "
+                    f"({fresh.status}: {fresh.reason}); compiled as usual"
                 ),
             )
         loaded = {"key": recall.key, "bytes": len(data)}
@@ -133,13 +136,15 @@ class Remembered:
         (chain.select.deferred) when the decision is kept (`decided`) and worth it."""
         winner = record.winning_attempt
         names = [b.name for b in self.backends]
-        if self.memory is None or winner is None or winner.backend not in names:
+        if self.memory is None or winner is None or base_name(winner.backend) not in names:
             return None
-        backend = self.backends[names.index(winner.backend)]
+        backend = self.backends[names.index(base_name(winner.backend))]
         if "artefact" in winner.details or backend.reuse is None:
             return None
         fn = fns.get(winner.backend)
         if (later := offered_later(fn)) is None:
+            if winner.backend != backend.name:
+                return None  # a CUDA graphs variant: its artefact is its backend's, made later
             return self.memory.keep_artefact(recall, winner.backend, fn, gm, inputs)
         if not decided or reference is None or self.memory.max_artefact_bytes == 0:
             return None
@@ -159,6 +164,7 @@ class Remembered:
                 record_id=record.id,
                 recall=recall,
                 backend=backend,
+                winner=winner.backend,
                 build=build,
                 jit=fn,  # type: ignore[arg-type]
                 gm=gm,
