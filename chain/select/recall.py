@@ -4,6 +4,7 @@ its artefact, or keep a new one; and which decisions are not worth keeping."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -152,6 +153,7 @@ class Remembered:
             return f"memory: {backend.name}'s package not built: {why}"
         if backend.native_artefacts and (why := self.memory.native_refusal(recall)):
             return f"memory: {backend.name}'s package not built: it could not be loaded ({why})"
+        start = time.perf_counter()
         try:  # its part on this thread (inductor: the export); the build runs later
             build = later()
         except Unsupported as error:
@@ -175,6 +177,7 @@ class Remembered:
             )
         )
         return (
-            f"memory: {backend.name}'s package is being built in the background (a second "
-            "compile, off your calls); the next process loads it if it passes"
+            f"memory: {backend.name}'s package is being built in the background (exported "
+            f"here in {time.perf_counter() - start:.2f} s; compiled in a child process, off "
+            "your calls); the next process loads it if it passes"
         )
