@@ -104,6 +104,7 @@ def _jit(summary: dict[str, Any], note: str) -> None:
     assert max(summary["errors"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_the_selecting_process_builds_a_verified_package(
     cold: tuple[Path, dict[str, Any]],
 ) -> None:
@@ -124,6 +125,7 @@ def test_the_selecting_process_builds_a_verified_package(
     assert (dim, low, high) == (0, 2, None)
 
 
+@pytest.mark.slow
 def test_a_second_process_runs_the_package_without_inductor(
     cold: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -138,6 +140,7 @@ def test_a_second_process_runs_the_package_without_inductor(
     assert max(summary["errors"]) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fact", "value"), [("capability", "SVE256"), ("torch", "2.0.0"), ("compiler", "cc 1.0")]
 )
@@ -155,6 +158,7 @@ def test_a_package_for_another_machine_misses(
     _jit(summary, f"inductor package built for {fact} {value!r}")
 
 
+@pytest.mark.slow
 def test_a_damaged_package_is_a_note_and_a_cold_path(
     cold: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -173,6 +177,7 @@ def test_a_damaged_package_is_a_note_and_a_cold_path(
     _jit(summary, "inductor package cannot be loaded")
 
 
+@pytest.mark.slow
 def test_an_unsigned_package_in_a_store_others_can_write_is_refused(
     cold: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
