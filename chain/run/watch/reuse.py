@@ -24,16 +24,17 @@ RECENT = 4  # calls whose outputs are remembered (weakly): a buffer in turn amon
 
 
 class Reuse:
-    """The fresh outputs of the last few calls (data pointers and weak references)."""
+    """The fresh outputs of the last few calls, by storage: weak references, so that an answer
+    the caller has dropped is no longer held against the winner."""
 
-    __slots__ = ("positions", "recent")
+    __slots__ = ("held", "positions", "recent")
 
     def __init__(self, positions: Sequence[int]) -> None:
         """`positions`: the flat outputs eager returns in fresh memory (non-empty ones)."""
         self.positions = tuple(positions)
-        self.recent: deque[tuple[int, dict[int, list[tuple[int, weakref.ref[Any]]]]]] = deque(
-            maxlen=RECENT
-        )
+        self.recent: deque[tuple[int, tuple[int, ...]]] = deque()  # (call, its storages)
+        # storage -> (call, output, weak reference) of the last RECENT calls' outputs in it
+        self.held: dict[int, list[tuple[int, int, weakref.ref[Any]]]] = {}
 
     def check(self, n: int, leaves: Sequence[Any]) -> str | None:
         """Why call `n`'s outputs are memory an earlier call returned (None: they are not);
@@ -43,22 +44,41 @@ class Reuse:
 
     def seen(self, n: int, leaves: Sequence[Any], storages: dict[int, int]) -> str | None:
         """`check` with the outputs' storages read already (`storages[i]`: output i's, 0 when
-        empty). Per earlier call one set intersection of storages: a weak reference is read
-        only where two meet."""
-        now: dict[int, list[tuple[int, weakref.ref[Any]]]] = {}
+        empty): one dict lookup per output; an earlier answer found dropped is forgotten."""
+        held, reason, mine = self.held, None, []
         for i in self.positions:
-            if ptr := storages[i]:  # two outputs in one storage (a view): both kept
-                now.setdefault(ptr, []).append((i, weakref.ref(leaves[i])))
+            if not (ptr := storages[i]):
+                continue
+            mine.append((ptr, i))
+            earlier = held.get(ptr)
+            if earlier is None or reason is not None:
+                continue
+            alive = [e for e in earlier if e[0] == n or _alive(e[2])]
+            if len(alive) < len(earlier):
+                held[ptr] = alive
+            j = next((j for call, j, _ in alive if call != n), None)
+            if j is not None:
+                reason = (
+                    f"output {i} is the memory of output {j} of an earlier call, "
+                    "which the caller still holds: that answer was overwritten"
+                )
         recent = self.recent
-        earlier = [outputs for call, outputs in tuple(recent) if call != n]
-        if not recent or recent[-1][0] != n:
-            recent.append((n, now))
-        for outputs in earlier:
-            for ptr in outputs.keys() & now.keys():
-                for j, ref in outputs[ptr]:
-                    if (held := ref()) is not None and held.numel():
-                        return (
-                            f"output {now[ptr][0][0]} is the memory of output {j} of an earlier "
-                            "call, which the caller still holds: that answer was overwritten"
-                        )
-        return None
+        if not recent or recent[-1][0] != n:  # remembered once
+            for ptr, i in mine:
+                held.setdefault(ptr, []).append((n, i, weakref.ref(leaves[i])))
+            recent.append((n, tuple(ptr for ptr, _ in mine)))
+            if len(recent) > RECENT:
+                old, ptrs = recent.popleft()
+                for ptr in ptrs:
+                    kept = [e for e in held.get(ptr, ()) if e[0] != old]
+                    if kept:
+                        held[ptr] = kept
+                    else:
+                        held.pop(ptr, None)
+        return reason
+
+
+def _alive(ref: weakref.ref[Any]) -> bool:
+    """Whether the caller still holds an earlier answer (an empty one holds no memory)."""
+    held = ref()
+    return held is not None and bool(held.numel())
