@@ -200,6 +200,10 @@ def test_trust_needs_a_private_store_or_a_signature(
     store.artefacts().put(key, b"x")  # makes the folders 0700
     os.chmod(store.artefacts()._path(key), 0o600)
     assert why_untrusted(store, key) is None
+    os.chmod(store.artefacts()._path(key), 0o664)  # a umask of 002, in a 0700 folder
+    assert why_untrusted(store, key) is None
+    store.artefacts().directory.chmod(0o755)  # others may enter: the file's bits count
+    assert "writable by group (mode 0664)" in (why_untrusted(store, key) or "")
     os.chmod(store.artefacts()._path(key), 0o666)
     assert "writable by group and others (mode 0666)" in (why_untrusted(store, key) or "")
     os.chmod(store.artefacts()._path(key), 0o600)
