@@ -32,6 +32,9 @@ from chain.run.watch.watch import Watch
 NOT_RUN = object()  # Slow.out of a call the fast path left to the general path whole
 
 
+MemoryCheck = Callable[[int, Any, dict[int, int]], bool]
+
+
 class Slow(NamedTuple):
     """A call for the general path: before the winner ran (`out` is NOT_RUN), or after it
     ran and a check failed (`out`, with the activations' versions read before it ran;
@@ -56,7 +59,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
     count = expected.count
     scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
     specs = tuple((s.index, s.dtype, s.static, s.on_cpu, s.device, s) for s in expected.specs)
-    memory = _memory_check(expected.specs, watch.reuse, set(watch.versioned))
+    inputs, memory = _memory_check(expected.specs, watch.reuse, set(watch.versioned))
     read_versions = reader(watch.versioned) if watch.versioned else None
     tensor, sequence = torch.Tensor, (tuple, list)  # `tuple | list` is built on each use
 
@@ -67,6 +70,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
         if timed and n >= schedule.due:
             return Slow(n)
         versions = read_versions(args) if read_versions is not None else None
+        where = inputs(args)  # before the graph's ops: after them every read misses the caches
         if timed:
             start = perf_counter()
             out = fn(*args)
@@ -83,7 +87,7 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
                     and (t.shape == static if static is not None else _fits(t, spec, args))
                 ):
                     return Slow(n, False, out, versions)
-            if memory is not None and not memory(n, args, out):
+            if memory is not None and not memory(n, out, where):
                 return Slow(n, False, out, versions)
             if read_versions is not None and read_versions(args) != versions:
                 return Slow(n, False, out, versions)
@@ -97,13 +101,15 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
 
 def _memory_check(
     specs: Sequence[OutputSpec], reuse: Reuse | None, activations: set[int]
-) -> Callable[[int, Sequence[Any], Any], bool] | None:
-    """(call, args, outputs) -> whether every output's aliasing and layout are eager's and no
-    output is memory an earlier call handed out (`Reuse`), with one storage read per input
-    and output involved (as `expect._layout` and `Reuse.check`, which word a failure); None
-    when there is nothing to check. Fresh outputs are checked against the `activations`
-    only: the model's buffers (a ResNet's batch-norm statistics: 3 per layer) are left to the
-    re-verifications, as its parameters are, so no call's work grows with the weights."""
+) -> tuple[Callable[[Sequence[Any]], dict[int, int]], MemoryCheck | None]:
+    """(args -> the storages of the inputs involved, read before the call; (call, outputs,
+    those storages) -> whether every output's aliasing and layout are eager's and no output
+    is memory an earlier call handed out (`Reuse`), None when there is nothing to check),
+    with one storage read per input and output involved (as `expect._layout` and
+    `Reuse.check`, which word a failure). Fresh outputs are checked against the
+    `activations` only: the model's buffers (a ResNet's batch-norm statistics: 3 per layer)
+    are left to the re-verifications, as its parameters are, so that no call's work grows
+    with the weights."""
     aliased = tuple((s.index, s.alias) for s in specs if s.alias is not None)
     groups: dict[tuple[int, ...], list[int]] = {}  # outputs by the inputs they must not alias
     for s in specs:
@@ -111,29 +117,31 @@ def _memory_check(
         if s.alias is None and of:
             groups.setdefault(of, []).append(s.index)
     fresh = tuple((of, tuple(outputs)) for of, outputs in groups.items())
-    guarded = tuple(sorted({j for of, _ in fresh for j in of}))
+    guarded = tuple(sorted({j for of, _ in fresh for j in of} | {j for _, j in aliased}))
     channels = tuple(s.index for s in specs if s.channels_last)
     remembered = set(reuse.positions) if reuse is not None else set()
     read = tuple(sorted({i for _, outputs in fresh for i in outputs} | remembered))
     seen = reuse.seen if reuse is not None else None
+
+    def inputs(args: Sequence[Any]) -> dict[int, int]:
+        return {j: _storage(args[j]) for j in guarded}
+
     if not (aliased or read or channels):
-        return None
+        return inputs, None
     last = torch.channels_last
 
-    def check(n: int, args: Sequence[Any], out: Any) -> bool:
+    def check(n: int, out: Any, where: dict[int, int]) -> bool:
         for i, j in aliased:
-            if _storage(out[i]) != _storage(args[j]):
+            if _storage(out[i]) != where[j]:
                 return False
         storages = {i: _storage(out[i]) for i in read}  # 0: empty, aliases nothing
-        if fresh:
-            where = {j: _storage(args[j]) for j in guarded}
-            for of, outputs in fresh:
-                forbidden = {where[j] for j in of}
-                forbidden.discard(0)
-                if any(storages[i] in forbidden for i in outputs):
-                    return False
+        for of, outputs in fresh:
+            forbidden = {where[j] for j in of}
+            forbidden.discard(0)
+            if any(storages[i] in forbidden for i in outputs):
+                return False
         if seen is not None and seen(n, out, storages) is not None:
             return False
         return all(out[i].is_contiguous(memory_format=last) for i in channels)
 
-    return check
+    return inputs, check
