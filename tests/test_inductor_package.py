@@ -188,6 +188,29 @@ def test_an_unsigned_package_in_a_store_others_can_write_is_refused(
     assert any("writable by group (mode 0770)" in n for n in summary["notes"])
 
 
+@pytest.mark.slow
+def test_a_signed_package_loads_from_a_shared_store(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signed under CHAIN_MEMORY_KEY, a package in a group-writable store loads."""
+    from chain.memory.entry import decode as decode_entry
+    from chain.memory.entry import encode as encode_entry
+
+    cache, artefact = _copy(cold, tmp_path)
+    [entry] = (cache / "decisions").glob("*.json")
+    key = entry.stem
+    decision, parts = decode_entry(entry.read_bytes(), key)
+    stored, weights = decode_artefact(artefact.read_bytes(), key, "inductor")
+    monkeypatch.setenv("CHAIN_MEMORY_KEY", "a team secret")
+    entry.write_bytes(encode_entry(key, parts, decision))
+    artefact.write_bytes(encode_artefact(key, "inductor", stored, weights))
+    (cache / "decisions").chmod(0o770)
+    summary = _run(cache, "no_grad", [5], CHAIN_MEMORY_KEY="a team secret")
+    assert summary["details"].get("from_package") is True, summary["notes"]
+    assert not summary["inductor_imported"]
+    assert max(summary["errors"]) < 1e-4
+
+
 # -- the checks on their own ----------------------------------------------------------------
 
 
