@@ -11,36 +11,15 @@ packages only from a store the user trusts: see docs/trust.md).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from backends.common.files import private_file
 from backends.errors import Unsupported, one_line
 from backends.inductor_package import Header, decode, machine
-
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-@contextlib.contextmanager
-def private_file(data: bytes, name: str = "graph.pt2") -> Iterator[str]:
-    """`data` in a new file only this user can read (0600), in a new folder only this user
-    can enter (0700, `mkdtemp`), created exclusively; both removed after the block."""
-    folder = tempfile.mkdtemp(prefix="chain-aoti-")
-    try:
-        path = os.path.join(folder, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        yield path
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def mismatch(built_for: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
@@ -90,7 +69,7 @@ def load(data: bytes, example_inputs: Sequence[Any], patches: Mapping[str, Any])
     index = device.index if device.index is not None else -1
     if device.type == "cuda" and index < 0:
         index = torch.cuda.current_device()
-    with private_file(package) as path:
+    with private_file(package, "graph.pt2") as path:
         try:
             loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
         except Exception as error:  # torch's loader raises RuntimeError on a bad package

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import backends.inductor_package as package
+from backends.common.files import private_file
 from backends.errors import Unsupported
-from backends.inductor_runner import mismatch, private_file
+from backends.inductor_runner import mismatch
 from backends.registry import Artefact
 from chain.memory import LocalStore, RedisStore
 from chain.memory.artefacts import decode as decode_artefact

@@ -10,7 +10,9 @@ permission bits (a 0600 file stays 0600).
 
 Reads (`read_bounded`) open without following a symlink and without blocking, check the
 opened descriptor (a FIFO or `/dev/zero` is refused before a byte is read) and refuse more
-than a stated number of bytes. `private_dir` makes folders only their owner can enter.
+than a stated number of bytes. `private_dir` makes folders only their owner can enter;
+`private_file` puts bytes where only their owner can read them, for as long as a block runs
+(a native library handed to a loader).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,3 +242,19 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise not_a_dir(folder, info.st_mode)
     return folder
+
+
+@contextlib.contextmanager
+def private_file(data: bytes, name: str = "data") -> Iterator[str]:
+    """`data` in a new file only this user can read (0600, created exclusively, no-follow)
+    in a new folder only this user can enter (0700, `mkdtemp`); both removed after the block.
+    For bytes that a loader must open by path (a shared library), once they are checked."""
+    folder = tempfile.mkdtemp(prefix="chain-private-")
+    try:
+        path = os.path.join(folder, name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o600), "wb") as f:
+            f.write(data)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
