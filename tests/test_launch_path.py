@@ -226,3 +226,27 @@ def test_an_output_in_a_buffers_memory_is_caught_by_the_next_reverification(
     reason = f"output 0 aliases input {position[0]}; eager's is fresh memory"
     assert _demoted(graph) == f"at call {call}: {reason}"
     assert graph.winner == "eager"
+
+
+def test_onnxruntime_cpu_call_answers_from_each_reexport() -> None:
+    """The runner's CPU call is a closure over one session: after each re-export the new
+    session's answers, that call and the next ones, and a second change re-exports again."""
+    pytest.importorskip("onnxruntime")
+    from backends.registry import lookup_backend
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    runners: list[Any] = []
+
+    def ours(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        runners.append(lookup_backend("onnxruntime")(gm, example_inputs))
+        return runners[-1]
+
+    compiled = torch.compile(model.eval(), backend=ours)
+    with torch.no_grad():
+        for change in range(3):
+            if change:
+                model[0].weight.mul_(2.0)
+            for _ in range(2):
+                x = torch.randn(1, 8)
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert len(runners) == 1 and runners[0].reexports == 2
