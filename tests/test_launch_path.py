@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch import fx
 
-from backends.common.versions import NO_VERSION, reader, versions
 from chain import Status, chain
 from chain.report.records import GraphRecord
 from chain.run.watch import InputsWritten
@@ -181,18 +180,6 @@ def test_a_write_to_an_activation_at_an_unscheduled_call_stops_that_call(guard_p
     assert graph.winner == "eager" and torch.equal(out[1], args[1] * 2)
 
 
-def test_version_reader_reads_in_bulk_and_falls_back_for_inference_tensors() -> None:
-    a, b = torch.ones(2), torch.ones(3)
-    read, one = reader([0, 1]), reader([1])
-    assert read((a, b)) == versions((a, b), [0, 1]) == [0, 0] and one((a, b)) == [0]
-    a.add_(1.0)
-    assert read((a, b)) == [1, 0]
-    with torch.inference_mode():
-        c = torch.ones(2)
-    assert read((c, b)) == [NO_VERSION, 0]  # no counter: read as the general path reads it
-    assert read((a, b)) == [1, 0] and reader([])((a, b)) == []
-
-
 class Scaled(torch.nn.Module):
     """One activation and a buffer: the buffer is a weight for the run-time checks."""
 
@@ -250,3 +237,18 @@ def test_onnxruntime_cpu_call_answers_from_each_reexport() -> None:
                 x = torch.randn(1, 8)
                 torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(runners) == 1 and runners[0].reexports == 2
+
+
+def test_inference_tensors_are_served_without_version_counters(guard_path: str) -> None:
+    """Under inference_mode the activations keep no counter: their reads fall back to the
+    general path's (NO_VERSION) and calls are served, right, by the winner."""
+    backend = chain(lambda gm, ex: gm.forward, "eager", measure=False)
+    compiled = torch.compile(three, backend=backend)
+    with torch.inference_mode():
+        for _ in range(10):
+            args = _inputs()
+            for got, want in zip(compiled(*args), three(*args), strict=True):
+                torch.testing.assert_close(got, want)
+    graph = backend.report.graphs[0]
+    assert graph.winner != "eager" and graph.watch is not None and graph.watch.failures == []
+    assert graph.watch.calls == 10
