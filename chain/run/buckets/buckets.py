@@ -267,8 +267,8 @@ class Buckets:
         if best is None:
             return "no fixed-shape candidate passed"
         if not _serves(compare(base.rounds_s, timings[best.backend].rounds_s)):
-            against = _against(base, timings[best.backend])
-            return f"no fixed-shape candidate beat the general path by 1% ({best.backend}: {against})"
+            against = f"{best.backend}: {_against(base, timings[best.backend])}"
+            return f"no fixed-shape candidate beat the general path by 1% ({against})"
         if (floor := speed.below_floor(best.backend, timings)) is not None:
             return f"{best.backend}: {floor}"
         return None
