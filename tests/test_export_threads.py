@@ -107,14 +107,13 @@ def test_is_exporting_is_true_only_on_the_exporting_thread() -> None:
     assert torch.compiler.is_exporting() is False
 
 
-@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
-def test_threads_calling_a_chain_compiled_model_while_it_selects(dynamic: bool | None) -> None:
+def test_threads_calling_a_chain_compiled_model_while_it_selects() -> None:
     """Four threads call one model compiled through ONNX Runtime and eager, at three shapes,
-    under inference_mode: every call answers eager's values, none raises."""
+    under inference_mode: every call answers eager's values, none raises. (dynamic=None:
+    the default, where a thread's call raised `KeyError: 'custom'` while another's graph
+    exported; dynamic=True ran clean before the fix too.)"""
     model = zoo.build("gpt2")
-    compiled = torch.compile(
-        model, backend=chain("onnxruntime", "eager", memory=False), dynamic=dynamic
-    )
+    compiled = torch.compile(model, backend=chain("onnxruntime", "eager", memory=False))
     results: list[bool] = []
     errors: list[str] = []
 
