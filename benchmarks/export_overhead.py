@@ -27,8 +27,13 @@ model (ms per call): session = session - direct, I/O binding = runner - session,
 dispatch = op - runner, program call = program - op; and what the old path cost over ours
 (old - program, of which torch's input check hook = old - old_forward).
 
+With `--gap-ms G` every timed call comes G ms after the previous one returned (a serving
+process between requests: ONNX Runtime's and torch's pool threads have gone to sleep), and
+each call is timed alone. `--size tiny` takes tiny configs (DistilBERT, ViT, ConvNeXt,
+GPT-2; 1-3 ms a call) where a fixed per-call cost shows most.
+
     python benchmarks/export_overhead.py [--models distilbert convnext swin tiny]
-        [--rounds 30] [--calls 5]
+        [--size base|tiny] [--gap-ms 0] [--rounds 30] [--calls 5]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,7 +55,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import chain
 from backends.common.ort_session import session_options
 from backends.common.payload import tensor_bytes, unpack
-from benchmarks.ort_overhead import MODELS, bare_run, direct_model, ort_session, time_rounds
+from benchmarks.ort_overhead import (
+    MODELS,
+    Built,
+    Unwrapped,
+    bare_run,
+    direct_model,
+    ort_session,
+    time_rounds,
+)
 from chain.deploy import LeanModule, ops
 
 OP = torch.ops.backend_chain.run_payload.default
@@ -59,11 +73,66 @@ STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
          ("| old path over ours", "old", "program"),
          ("(torch's input check hook)", "old", "old_forward"))  # fmt: skip
 MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
+TINY = ("distilbert", "vit", "convnext", "gpt2")  # --size tiny: the geomean's models
 
 
 def tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """A model whose ORT run takes microseconds: what is left is the fixed per-call cost."""
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), (torch.randn(2, 8),)
+
+
+def tiny_configs() -> dict[str, Callable[[], Built]]:
+    """Tiny configs of four architectures (hidden 32-64, 2 layers; 1-3 ms a call)."""
+    import transformers as tf
+
+    def distilbert() -> Built:
+        config = tf.DistilBertConfig(
+            vocab_size=1000, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
+            max_position_embeddings=64,
+        )  # fmt: skip
+        ids = torch.randint(0, 1000, (2, 16))
+        return Unwrapped(tf.DistilBertModel(config)), (ids, torch.ones(2, 16, dtype=torch.long))
+
+    def vit() -> Built:
+        config = tf.ViTConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            image_size=32, patch_size=8,
+        )  # fmt: skip
+        return Unwrapped(tf.ViTModel(config)), (torch.randn(2, 3, 32, 32),)
+
+    def convnext() -> Built:
+        config = tf.ConvNextConfig(hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1])
+        return Unwrapped(tf.ConvNextModel(config)), (torch.randn(2, 3, 32, 32),)
+
+    def gpt2() -> Built:
+        config = tf.GPT2Config(
+            vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False
+        )
+        return Unwrapped(tf.GPT2Model(config)), (torch.randint(0, 1000, (2, 16)),)
+
+    return {"distilbert": distilbert, "vit": vit, "convnext": convnext, "gpt2": gpt2}
+
+
+def time_gapped(
+    runs: dict[str, Callable], args: tuple[torch.Tensor, ...], rounds: int, calls: int, gap_s: float
+) -> dict[str, list[float]]:
+    """Per round, the median ms of `calls` calls of each variant, each call `gap_s` after the
+    last one returned and timed alone; variants in rotated order, warmed up first."""
+    for fn in runs.values():
+        for _ in range(3):
+            fn(*args)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    keys = list(runs)
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            fn, samples = runs[key], []
+            for _ in range(calls):
+                time.sleep(gap_s)
+                start = time.perf_counter()
+                fn(*args)
+                samples.append((time.perf_counter() - start) * 1e3)
+            times[key].append(statistics.median(samples))
+    return times
 
 
 def options_of(session: Any) -> dict[str, str]:
@@ -140,8 +209,18 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=[*MAIN, "tiny"])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--size", choices=("base", "tiny"), default="base")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="idle ms before each call")
     ns = parser.parse_args()
-    builders = {**MODELS, "tiny": tiny}
+    if ns.gap_ms < 0:
+        parser.error("--gap-ms: expected 0 or more milliseconds")
+    builders = tiny_configs() if ns.size == "tiny" else {**MODELS, "tiny": tiny}
+    if ns.size == "tiny" and ns.models == parser.get_default("models"):
+        ns.models = list(TINY)
+    unknown = [m for m in ns.models if m not in builders]
+    if unknown:
+        parser.error(f"--models: unknown {unknown} for --size {ns.size}; one of {list(builders)}")
+    geo = TINY if ns.size == "tiny" else MAIN
     rows: list[tuple[str, dict[str, float], dict[str, list[float]]]] = []
     for name in ns.models:
         torch.manual_seed(0)
@@ -150,11 +229,15 @@ def main() -> None:
         print(f"{name}:")
         with torch.no_grad():
             runs = variants(model, args)
-            times = time_rounds(runs, args, ns.rounds, ns.calls)
+            if ns.gap_ms > 0:
+                times = time_gapped(runs, args, ns.rounds, ns.calls, ns.gap_ms / 1e3)
+            else:
+                times = time_rounds(runs, args, ns.rounds, ns.calls)
         rows.append((name, {k: statistics.median(v) for k, v in times.items()}, times))
+    gap = f", {ns.gap_ms:g} ms idle before each call" if ns.gap_ms > 0 else ", back to back"
     print(
-        f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, interleaved, one process; "
-        f"torch threads {torch.get_num_threads()}"
+        f"median ms per call, {ns.size} configs, {ns.rounds} rounds x {ns.calls} calls{gap}, "
+        f"interleaved, one process; torch threads {torch.get_num_threads()}"
     )
     head = "".join(f"{k:>12}" for k in KEYS)
     print(f"{'model':12}{head}{'program/direct':>16}{'paired':>8}{'old/direct':>12}{'paired':>8}")
@@ -165,7 +248,7 @@ def main() -> None:
             for k, w in (("program", 16), ("old", 12))
         )
         print(f"{name:12}{cells}{ratios}")
-    main = [(n, med, times) for n, med, times in rows if n in MAIN]
+    main = [(n, med, times) for n, med, times in rows if n in geo]
     names = ", ".join(n for n, _, _ in main)
     for key in ("program", "old"):
         print(
