@@ -9,7 +9,8 @@ when it is stored), `warm` finds them (it compiles and verifies each winner only
 its package). The time is the first call: compile and one run, from `torch.compile(...)` to
 its result. Backends: dynamo's `eager` (the floor a warm start is held to), `inductor` alone
 (its own caches warm: what a warm start cost before packages), the default chain, and
-`fastest` with inductor (with and without ONNX Runtime). `x eager` is the warm first call
+`fastest` with inductor (with and without ONNX Runtime, and without the eager floor, whose
+decision is kept however busy the machine). `x eager` is the warm first call
 over compile(eager)'s; `cold/warm` the cold first call over the warm one; `packages` the
 graphs a warm process ran from a package, and whether it imported inductor's compiler.
 """
@@ -35,6 +36,9 @@ BACKENDS = {
     "default chain": "chain(*default_backends())",
     "fastest+inductor": "chain('onnxruntime', 'inductor', 'eager', mode='fastest')",
     "fastest(inductor)": "chain('inductor', 'eager', mode='fastest')",
+    # the same without the eager floor: remembered even when this machine is too busy for
+    # a decision the floor would keep (the warm start of a remembered inductor winner)
+    "fastest(inductor), no floor": "chain('inductor', 'eager', mode='fastest', eager_floor=False)",
 }
 
 _CHILD = """
