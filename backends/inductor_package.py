@@ -43,6 +43,13 @@ ENV = "CHAIN_INDUCTOR_PACKAGE"  # "0" / "off" / "false": no packages built (indu
 # inductor settings a package is built without: CUDA graphs are the graphed variant's
 # business (it replays the package), and the package is always a package
 _NOT_FOR_PACKAGE = ("triton.cudagraphs", "aot_inductor.package", "cpp_wrapper")
+# Seen on an H100 (torch 2.11.0+cu130, 2026-11-27): torch's loader segfaulted the process
+# loading a CUDA package this module built (tests/test_inductor_package.py, both CUDA
+# tests). Until a GPU run shows a CUDA package loading, none is built or loaded.
+NO_CUDA = (
+    "no AOTInductor package on CUDA: torch's AOTIModelPackageLoader crashed the process "
+    "(segfault) loading one on an H100 with torch 2.11"
+)
 
 
 def enabled() -> bool:
@@ -257,6 +264,8 @@ def prepare(
 
     inputs = list(example_inputs)
     device = _device_of(inputs)
+    if device.type == "cuda":
+        raise Unsupported(NO_CUDA)
     configs = {k: v for k, v in patches.items() if k not in _NOT_FOR_PACKAGE}
     try:
         json.dumps(configs)

@@ -62,5 +62,5 @@ def fresh_process(code: str, *argv: str, env: dict[str, str] | None = None) -> A
         timeout=600,
         cwd=ROOT,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -458,6 +458,11 @@ def test_a_cuda_graphs_bucket_measures_its_pool() -> None:
 
     def build() -> Any:
         graph, static = torch.cuda.CUDAGraph(), x.clone()
+        side = torch.cuda.Stream()  # warm up off the capture (cuBLAS makes its handle here)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            static @ static.T
+        torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph):
             out = static @ static.T
         return graph, out

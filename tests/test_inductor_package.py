@@ -258,25 +258,35 @@ def test_the_private_file_and_the_machine_check() -> None:
 
 
 @pytest.mark.cuda
-def test_a_cuda_graph_runs_from_its_package(tmp_path: Path) -> None:
-    """The same on a GPU: the package is built for the GPU and its compute capability."""
+def test_a_cuda_graph_is_not_packaged_and_says_why(tmp_path: Path) -> None:
+    """On a GPU no package is built (torch's loader crashed the process loading one on an
+    H100): the note says so, and the next process compiles inductor as usual, right."""
     cache = tmp_path / "cache"
-    code = _CHILD.replace("MLP().eval()", "MLP().eval().cuda()").replace(
-        "torch.randn(batch, 32)", "torch.randn(batch, 32, device='cuda')"
+    code = (
+        _CHILD.replace("MLP().eval()", "MLP().eval().cuda()")
+        .replace("torch.randn(batch, 32)", "torch.randn(batch, 32, device='cuda')")
+        .replace('mode="fastest"', 'mode="first"')  # on a GPU eager can be the fastest
     )
-    env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1"}
+    env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1", "PYTHONFAULTHANDLER": "1"}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     cold = fresh_process(code, str(cache), "inference", "[4, 7]", env=env)
-    assert any("package stored" in n for n in cold["notes"]), cold["notes"]
+    assert cold["winner"] == "inductor", cold
+    assert any(f"package not built ({package.NO_CUDA})" in n for n in cold["notes"]), cold
     warm = fresh_process(code, str(cache), "no_grad", "[5, 4]", env=env)
-    assert warm["details"].get("from_package") is True
-    assert not warm["inductor_imported"]
-    assert max(warm["errors"]) < 1e-3
-    [artefact] = (cache / "decisions" / "artefacts").glob("*.bin")
-    data, _ = decode_artefact(artefact.read_bytes(), artefact.stem, "inductor")
-    header, _ = package.decode(data.data)
-    assert header.built_for["device"] == "cuda"
-    assert header.built_for["capability"] == list(torch.cuda.get_device_capability())
+    assert warm["winner"] == "inductor" and "from_package" not in warm["details"], warm
+    assert max(cold["errors"] + warm["errors"]) < 1e-3
+    assert not list((cache / "decisions").rglob("*.bin"))
+
+
+def test_a_cuda_package_from_elsewhere_is_not_loaded() -> None:
+    """A stored package that says it was built for CUDA is refused before torch opens it."""
+    from backends.inductor_runner import load
+
+    header = package.Header(
+        kept=(0,), inputs=1, out_spec="", dynamic={}, built_for={"device": "cuda"}
+    )
+    with pytest.raises(Unsupported, match="no AOTInductor package on CUDA"):
+        load(package.encode(header, b"PK"), [torch.randn(2, 3)], {})
 
 
 def test_a_cuda_graphs_winner_is_rebuilt_from_its_backends_artefact() -> None:
@@ -295,9 +305,9 @@ def test_a_cuda_graphs_winner_is_rebuilt_from_its_backends_artefact() -> None:
 
 
 @pytest.mark.cuda
-def test_a_cuda_graphs_winner_replays_its_package(tmp_path: Path) -> None:
-    """inductor under CUDA graphs: its package (built without them) is replayed through
-    torch's cudagraph trees in the next process, nothing compiled."""
+def test_a_cuda_graphs_winner_is_compiled_as_usual_in_the_next_process(tmp_path: Path) -> None:
+    """inductor under CUDA graphs on a GPU: no package (see above); the next process
+    compiles it again, under CUDA graphs, and answers right."""
     cache = tmp_path / "cache"
     code = (
         _CHILD.replace("MLP().eval()", "MLP().eval().cuda()")
@@ -305,12 +315,11 @@ def test_a_cuda_graphs_winner_replays_its_package(tmp_path: Path) -> None:
         .replace('mode="fastest", eager_floor=False', "cuda_graphs=True, eager_floor=False")
         .replace("dynamic=True", "dynamic=False")
     )
-    env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1"}
+    env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1", "PYTHONFAULTHANDLER": "1"}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     cold = fresh_process(code, str(cache), "inference", "[8]", env=env)
-    assert cold["winner"] == "inductor+graphs"
-    assert any("package stored" in n for n in cold["notes"]), cold["notes"]
+    assert cold["winner"] == "inductor+graphs", cold
     warm = fresh_process(code, str(cache), "no_grad", "[8]", env=env)
-    assert warm["winner"] == "inductor+graphs"
-    assert warm["details"].get("from_package") is True and warm["details"]["cuda_graphs"]
-    assert max(warm["errors"]) < 1e-3
+    assert warm["winner"] == "inductor+graphs" and "from_package" not in warm["details"], warm
+    assert max(cold["errors"] + warm["errors"]) < 1e-3
+    assert not list((cache / "decisions").rglob("*.bin"))

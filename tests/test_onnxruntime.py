@@ -227,7 +227,7 @@ def test_tensorrt_ep_probe_says_why_not_without_its_library() -> None:
     assert reason is not None and "TensorRT EP" in reason
 
 
-@pytest.mark.cuda
+@pytest.mark.ort_cuda
 def test_tensorrt_ep_is_chosen_only_when_it_loads() -> None:
     from backends.onnxruntime.session import default_providers, tensorrt_ep_loads
 
