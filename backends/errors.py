@@ -46,6 +46,19 @@ class InvalidOption(ValueError):
     """An option a backend does not accept; the message lists the ones it does."""
 
 
+def raised_at(error: BaseException) -> str | None:
+    """`file.py:line in function` of the frame that raised `error` (the innermost), with the
+    path cut to its last two parts; None without a traceback."""
+    tb = error.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    path = "/".join(code.co_filename.replace("\\", "/").split("/")[-2:])
+    return f"{path}:{tb.tb_lineno} in {code.co_name}"
+
+
 def one_line(error: BaseException, limit: int = 240, message: str | None = None) -> str:
     """`Type: first line of the message`, trimmed to `limit`: what a report row can hold.
 
@@ -59,4 +72,6 @@ def one_line(error: BaseException, limit: int = 240, message: str | None = None)
     message = without_addresses(message)
     kind = type(error).__name__
     line = message if message.startswith(f"{kind}:") else f"{kind}: {message}" if message else kind
+    if not message and (where := raised_at(error)):
+        line = f"{kind} ({where})"  # a bare `assert`: where it failed is all there is to say
     return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -17,6 +17,7 @@ from torch import nn
 
 from backends.common.ort_session import element_type, session_options
 from backends.common.quiet import quiet
+from backends.onnxruntime.session import default_providers
 from backends.registry import lookup_backend
 from chain.bench.harness import Candidate, Compiled
 
@@ -45,6 +46,8 @@ class DirectSession:
     def _build(self, inputs: Sequence[torch.Tensor]) -> None:
         import onnxruntime as ort
 
+        if inputs[0].device.type == "cuda":  # Unsupported, saying why, without ORT's CUDA EP
+            default_providers(inputs[0].device)
         with quiet():
             program = torch.onnx.export(
                 self.model, tuple(inputs), dynamo=True, verbose=False, report=False
