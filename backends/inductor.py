@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends import inductor_package
+from backends import inductor_isa, inductor_package
 from backends.inductor_config import check_mode, config_options, config_patches
 from backends.registry import register_backend
 
@@ -88,5 +88,6 @@ def inductor(
         from backends.inductor_graphed import compile_graphed
 
         return compile_graphed(gm, example_inputs, patches)
+    patches = inductor_isa.stable(patches, example_inputs)  # one FX cache key across processes
     fn = compile_fx(gm, example_inputs, config_patches=patches or None)
     return offer_package(fn, gm, example_inputs, patches)

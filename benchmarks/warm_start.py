@@ -39,7 +39,13 @@ BACKENDS = {
     # the same without the eager floor: remembered even when this machine is too busy for
     # a decision the floor would keep (the warm start of a remembered inductor winner)
     "fastest(inductor), no floor": "chain('inductor', 'eager', mode='fastest', eager_floor=False)",
+    # the same with no package (CUDA, a failed build, CHAIN_INDUCTOR_PACKAGE=0): inductor's
+    # FX graph cache, under the remembered vector-ISA verdict (backends.inductor_isa)
+    "fastest(inductor), no floor, no package": (
+        "chain('inductor', 'eager', mode='fastest', eager_floor=False)"
+    ),
 }
+ENV = {"fastest(inductor), no floor, no package": {"CHAIN_INDUCTOR_PACKAGE": "0"}}
 
 _CHILD = """
 import json, sys, time
@@ -78,10 +84,14 @@ print(json.dumps({"first_s": first_s, "remembered": remembered, "winners": winne
 """
 
 
-def first_call(model: str, backend: str, cache: Path) -> dict[str, object]:
-    """One fresh process: the first call's seconds, graphs remembered, winners."""
+def first_call(
+    model: str, backend: str, cache: Path, extra: dict[str, str] | None = None
+) -> dict[str, object]:
+    """One fresh process (`extra` added to its environment): the first call's seconds,
+    graphs remembered, winners."""
     env = {
         **os.environ,
+        **(extra or {}),
         "PYTHONPATH": str(ROOT),
         "CHAIN_MEMORY": "1",
         "CHAIN_CACHE_DIR": str(cache),
@@ -116,11 +126,15 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="warm-start-") as tmp:
                 cold: float | None = None
                 try:
-                    cold = float(first_call(model, backend, Path(tmp))["first_s"])  # type: ignore[arg-type]
+                    first = first_call(model, backend, Path(tmp), ENV.get(label))
+                    cold = float(first["first_s"])  # type: ignore[arg-type]
                     cold_s = f"{cold:.2f}"
                 except RuntimeError as e:  # a failed cold start is a cell, not the end
                     cold_s = f"failed: {str(e).strip().splitlines()[-1][:80]}"
-                warm = [first_call(model, backend, Path(tmp)) for _ in range(args.repeats)]
+                warm = [
+                    first_call(model, backend, Path(tmp), ENV.get(label))
+                    for _ in range(args.repeats)
+                ]
             best = min(float(w["first_s"]) for w in warm)  # type: ignore[arg-type]
             if label == "compile(eager)":
                 eager_s = best

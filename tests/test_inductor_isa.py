@@ -1,0 +1,163 @@
+"""inductor's vector-ISA probe, remembered (backends.inductor_isa): one verdict per machine,
+kept in inductor's cache folder; a later process compiles under the same FX cache key and
+skips the probe; the user's own setting always wins; a damaged or planted file is probed
+over, never trusted."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from backends import inductor_isa
+from tests.helpers import fresh_process
+
+CPU = [torch.randn(2, 4)]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """inductor's cache folder for this test, and a probe that counts its runs."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, verdict: bool = True) -> list[int]:
+    runs: list[int] = []
+
+    def probe() -> bool:
+        runs.append(1)
+        return verdict
+
+    monkeypatch.setattr(inductor_isa, "probe", probe)
+    return runs
+
+
+def test_the_first_compile_probes_and_keeps_the_verdict(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _counting(monkeypatch, verdict=False)
+    assert inductor_isa.stable({"max_autotune": False}, CPU) == {
+        "max_autotune": False,
+        "cpp.vec_isa_ok": False,
+    }
+    kept = json.loads((cache / inductor_isa.FILE).read_text())
+    assert kept == {inductor_isa.machine_key({}): False}
+    assert inductor_isa.stable({}, CPU) == {"cpp.vec_isa_ok": False}
+    assert runs == [1]  # the second asked the file
+
+
+def test_the_probe_is_inductors_own_verdict() -> None:
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    assert inductor_isa.probe() == bool(pick_vec_isa())
+
+
+def test_another_compiler_is_probed_again(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _counting(monkeypatch)
+    inductor_isa.stable({}, CPU)
+    inductor_isa.stable({"cpp.cxx": "clang++"}, CPU)  # another compiler: its own verdict
+    assert runs == [1, 1]
+    assert len(json.loads((cache / inductor_isa.FILE).read_text())) == 2
+
+
+@pytest.mark.parametrize(
+    "patches", [{"cpp.vec_isa_ok": False}, {"cpp.vec_isa_ok": None}], ids=["false", "none"]
+)
+def test_the_users_setting_wins(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, patches: dict[str, object]
+) -> None:
+    runs = _counting(monkeypatch)
+    assert inductor_isa.stable(patches, CPU) == patches
+    from torch._inductor import config
+
+    with config.patch({"cpp.vec_isa_ok": False}):  # set in inductor's config instead
+        assert inductor_isa.stable({}, CPU) == {}
+    assert runs == [] and not (cache / inductor_isa.FILE).exists()
+
+
+def test_a_graph_off_the_cpu_is_left_alone(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _counting(monkeypatch)
+    assert inductor_isa.stable({}, [torch.empty(2, device="meta"), 3]) == {}
+    assert runs == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["not json", "[true]", '{"KEY": "yes"}', '{"KEY": 1}'],
+    ids=["garbage", "list", "string", "number"],
+)
+def test_a_damaged_file_is_probed_over(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    path = cache / inductor_isa.FILE
+    path.write_text(content.replace("KEY", inductor_isa.machine_key({})))
+    runs = _counting(monkeypatch, verdict=True)
+    assert inductor_isa.stable({}, CPU) == {"cpp.vec_isa_ok": True}
+    assert runs == [1]
+    assert json.loads(path.read_text()) == {inductor_isa.machine_key({}): True}
+
+
+def test_a_planted_link_is_neither_read_nor_followed(
+    cache: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link in the cache folder to a file saying "true": not read, not written through."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "verdicts.json"
+    elsewhere.write_text(json.dumps({inductor_isa.machine_key({}): True}))
+    (cache / inductor_isa.FILE).symlink_to(elsewhere)
+    runs = _counting(monkeypatch, verdict=False)
+    assert inductor_isa.stable({}, CPU) == {"cpp.vec_isa_ok": False}
+    assert runs == [1]
+    assert json.loads(elsewhere.read_text()) == {inductor_isa.machine_key({}): True}
+
+
+# Compiles a small MLP with inductor through the chain (no package, no decision store) and
+# says whether inductor's FX graph cache hit and whether the ISA probe built anything.
+_CHILD = """
+import json
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor import cpu_vec_isa
+from chain import chain
+from tests.models import MLP
+
+builds = []  # the ISA probes built for the base check (torch's extra-feature checks, bf16
+check_build = cpu_vec_isa.VecISA.check_build  # and AMX, run whatever the setting says)
+def counted(self, code):
+    if code == cpu_vec_isa.VecISA._avx_code:
+        builds.append(str(self))
+    return check_build(self, code)
+cpu_vec_isa.VecISA.check_build = counted
+
+torch.manual_seed(0)
+model = MLP().eval()
+backend = chain("inductor", memory=False, verify=False, measure=False)
+x = torch.randn(4, 32)
+with torch.inference_mode():
+    error = (torch.compile(model, backend=backend)(x) - model(x)).abs().max().item()
+print(json.dumps({
+    "hits": counters["inductor"]["fxgraph_cache_hit"], "builds": builds, "error": error,
+    "winner": backend.report.graphs[0].winner,
+}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_hits_the_cache_without_probing(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "CHAIN_INDUCTOR_PACKAGE": "0",
+    }
+    cold = fresh_process(_CHILD, env=env)
+    warm = fresh_process(_CHILD, env=env)
+    assert cold["winner"] == warm["winner"] == "inductor"
+    if not cold["builds"]:
+        pytest.skip("inductor lists no vector ISA on this CPU: there is no probe to skip")
+    assert cold["hits"] == 0, cold  # the one probe, in the first process
+    assert warm["hits"] >= 1 and warm["builds"] == [], warm
+    assert max(cold["error"], warm["error"]) < 1e-5
