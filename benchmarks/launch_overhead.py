@@ -22,10 +22,13 @@ median ms per call of, side by side in one process:
 - `chain[nochecks]`: `chain("onnxruntime", "eager", watch=False)`: the guard alone;
 - `chain`: the default chain (`backend="chain"`'s backends here), checks on;
 - `fastest`: `chain("onnxruntime", "inductor", "eager", mode="fastest")`, and
-  `fastest:alone`, its winner compiled alone (omitted when that is `ort`).
+  `fastest:alone`, its winner compiled alone (omitted when that is `ort`);
+- `program`: the deploy path, no dynamo: `chain.export(model, args)` through
+  `chain("onnxruntime", "eager")`, saved, `chain.load`ed, its `module()` called.
 
-Then the factors: `ort / (floor + direct)` and `ort / dyn+direct` (our ONNX Runtime path
-against what dynamo and ONNX Runtime cost by themselves), `chain / ort` and `fastest / alone`
+Then the factors: `program / direct` (the route around dynamo), `ort / (floor + direct)`
+and `ort / dyn+direct` (our ONNX Runtime path against what dynamo and ONNX Runtime cost by
+themselves), `chain / ort` and `fastest / alone`
 (the chain against its winner run alone), the microseconds each layer adds, and what the
 runner's per-call check of its frozen weights costs (identity and version of each, timed
 in a loop). Each round every variant makes one
@@ -135,7 +138,22 @@ def variants(
     CHAINS[:] = [("chain[nochecks]", plain), ("chain", default), ("fastest", fastest)]
     if winners["fastest"] not in ("onnxruntime", "eager"):
         runs["fastest:alone"] = compiled(model, lookup_backend(winners["fastest"]), args)
+    runs["program"] = loaded_program(model, args, options)
     return runs, winners, runner
+
+
+def loaded_program(model: torch.nn.Module, args: tuple[torch.Tensor, ...], options: Any) -> Run:
+    """The deploy path: the model exported with ONNX Runtime parts, saved, loaded, called."""
+    import tempfile
+
+    import chain as library
+
+    backend = chain("onnxruntime", "eager", options={"onnxruntime": options}, memory=False)
+    result = library.export(model, args, backend=backend)
+    with tempfile.TemporaryDirectory() as folder:
+        torch.export.save(result.program, Path(folder) / "program.pt2")
+        module = library.load(Path(folder) / "program.pt2").module()
+    return lambda: module(*args)
 
 
 def bare_run(runner: Any, inputs: list[Any]) -> Run:
@@ -215,6 +233,7 @@ def factors(
     alone = row.get("fastest:alone", row["ort"] if fastest == "onnxruntime" else None)
     floor = row["floor"] + row["direct"]
     return [
+        ("program / direct", f"{row['program'] / row['direct']:.3f} (deploy path, no dynamo)"),
         ("graph / direct", f"{row['graph'] / row['direct']:.3f} (our ONNX model, bare session)"),
         ("runner - graph", f"{us['runner'] - us['graph']:+.1f} us (our runner's own work)"),
         ("  frozen weights", f"{us['runner'] - us['runner[noweights]']:+.1f} us in place"),
