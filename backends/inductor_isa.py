@@ -6,8 +6,10 @@ Python: 0.3-0.9 s on a small CPU), and the setting is part of its FX graph cache
 a CPU graph whose user set neither, the chain probes once per machine (torch, compiler, CPU
 flags: `inductor_package.machine`), keeps the verdict in inductor's cache folder, and
 compiles with `cpp.vec_isa_ok` set to it: the first process and every later one compile
-under the same key, and later ones skip the probe. The verdict is what inductor would have
-found, so the generated code is the same.
+under the same key, and later ones skip the probe. The setting only says whether every ISA
+the CPU lists builds, so it is set only when that is so for all of them (True) or none
+(False): then inductor picks what it would have picked, and generates the same code. When
+some build and some do not (an old compiler), or off x86-64 Linux, nothing is set.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import hashlib
 import json
 import logging
 import os
+import platform
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,9 +47,12 @@ def machine_key(patches: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _verdicts(path: Path) -> dict[str, bool]:
+Verdict = bool | None  # None: some listed ISAs build, some do not (left to inductor)
+
+
+def _verdicts(path: Path) -> dict[str, Verdict]:
     """The kept verdicts; {} when the file is missing, not a regular file of this user's,
-    or not a mapping of keys to booleans (it is then probed again and rewritten)."""
+    or not a mapping of keys to verdicts (it is then probed again and rewritten)."""
     try:
         data = json.loads(read_bounded(path, _MAX_BYTES))
         if hasattr(os, "getuid") and path.stat().st_uid != os.getuid():
@@ -54,19 +61,28 @@ def _verdicts(path: Path) -> dict[str, bool]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, bool)}
+    return {k: v for k, v in data.items() if isinstance(k, str) and _is_verdict(v)}
 
 
-def probe() -> bool:
-    """inductor's own verdict: whether the vector ISA it would pick builds here."""
-    from torch._inductor import config
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    with config.patch({SETTING: None}):
-        return bool(pick_vec_isa())
+def _is_verdict(value: Any) -> bool:
+    return value is None or isinstance(value, bool)  # JSON's 1 and 0 are not verdicts
 
 
-def remembered(patches: Mapping[str, Any]) -> bool:
+def probe() -> Verdict:
+    """inductor's own check (`check_build` of its probe code, what `cpp.vec_isa_ok=None`
+    runs) of each vector ISA the CPU lists: True when all build, False when none does (or
+    none is listed), None when some do."""
+    from torch._inductor import cpu_vec_isa as isa
+
+    flags = isa.x86_isa_checker()
+    listed = [v for v in isa.supported_vec_isa_list if all(f in flags for f in str(v).split())]
+    built = {bool(v.check_build(isa.VecISA._avx_code)) for v in listed}
+    if not listed or built == {False}:
+        return False  # inductor finds no valid ISA; `False` makes it find none without probing
+    return True if built == {True} else None
+
+
+def remembered(patches: Mapping[str, Any]) -> Verdict:
     """The verdict for this machine: kept, else probed now and kept (a failed write only
     means the next process probes again)."""
     path, key = _path(), machine_key(patches)
@@ -89,6 +105,11 @@ def stable(patches: Mapping[str, Any], example_inputs: Sequence[Any]) -> dict[st
     from torch._inductor import config
 
     on_cpu = all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
-    if SETTING in patches or config.cpp.vec_isa_ok is not None or not on_cpu:
+    if SETTING in patches or config.cpp.vec_isa_ok is not None or not on_cpu or not _X86_LINUX:
         return dict(patches)
-    return {**patches, SETTING: remembered(patches)}
+    verdict = remembered(patches)
+    return dict(patches) if verdict is None else {**patches, SETTING: verdict}
+
+
+# where inductor's ISA list and probe are the ones `probe` repeats
+_X86_LINUX = sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64")

@@ -25,10 +25,10 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch, verdict: bool = True) -> list[int]:
+def _counting(monkeypatch: pytest.MonkeyPatch, verdict: bool | None = True) -> list[int]:
     runs: list[int] = []
 
-    def probe() -> bool:
+    def probe() -> bool | None:
         runs.append(1)
         return verdict
 
@@ -50,10 +50,46 @@ def test_the_first_compile_probes_and_keeps_the_verdict(
     assert runs == [1]  # the second asked the file
 
 
-def test_the_probe_is_inductors_own_verdict() -> None:
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
+@pytest.mark.parametrize(
+    ("builds", "verdict"),
+    [({"avx512", "avx2"}, True), (set(), False), ({"avx2"}, None)],
+    ids=["all-build", "none-build", "some-build"],
+)
+def test_the_verdict_is_set_only_when_it_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, builds: set[str], verdict: bool | None
+) -> None:
+    """True only when every ISA the CPU lists builds (then inductor picks what it would
+    have), False when none does; an old compiler that builds some is left to inductor."""
+    from torch._inductor import cpu_vec_isa as isa
 
-    assert inductor_isa.probe() == bool(pick_vec_isa())
+    monkeypatch.setattr(isa, "x86_isa_checker", lambda: ["avx2", "avx512"])
+    monkeypatch.setattr(isa.VecISA, "check_build", lambda self, code: str(self) in builds)
+    assert inductor_isa.probe() is verdict
+
+
+def test_an_undecided_verdict_leaves_the_setting_alone(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _counting(monkeypatch, verdict=None)
+    assert inductor_isa.stable({}, CPU) == {}
+    assert inductor_isa.stable({}, CPU) == {}
+    assert runs == [1]  # kept as undecided: not probed again
+    assert json.loads((cache / inductor_isa.FILE).read_text()) == {
+        inductor_isa.machine_key({}): None
+    }
+
+
+def test_the_probe_agrees_with_inductor_here() -> None:
+    """On this machine: True means inductor's own probing finds every listed ISA valid."""
+    from torch._inductor import cpu_vec_isa as isa
+
+    verdict = inductor_isa.probe()
+    flags = isa.x86_isa_checker()
+    listed = [v for v in isa.supported_vec_isa_list if all(f in flags for f in str(v).split())]
+    if verdict is True:
+        assert listed and all(v.check_build(isa.VecISA._avx_code) for v in listed)
+    elif verdict is False:
+        assert not any(v.check_build(isa.VecISA._avx_code) for v in listed)
 
 
 def test_another_compiler_is_probed_again(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
