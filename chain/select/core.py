@@ -151,6 +151,8 @@ class Chain(Remembered, Serving, Candidates):
             notes.append(note)
         notes += recall.notes if recall else ()
         compiled = recompiles.current()
+        if note := recompiles.limit_note(compiled):
+            notes.append(note)
         record = GraphRecord(
             id=len(self.report.graphs),
             fingerprint=graphinfo.fingerprint(gm, inputs),

@@ -22,6 +22,7 @@ class CompileOrigin:
     frame: int | None = None
     recompile: bool = False
     reason: str | None = None
+    attempt: int = 0  # which compile of its frame (0: the first)
 
 
 def current() -> CompileOrigin:
@@ -30,8 +31,27 @@ def current() -> CompileOrigin:
     frame = getattr(compile_id, "frame_id", None)
     if compile_id is None or frame is None:
         return CompileOrigin()
-    recompile = (getattr(compile_id, "frame_compile_id", 0) or 0) > 0
-    return CompileOrigin(str(compile_id), frame, recompile, _reason() if recompile else None)
+    attempt = getattr(compile_id, "frame_compile_id", 0) or 0
+    recompile = attempt > 0
+    return CompileOrigin(
+        str(compile_id), frame, recompile, _reason() if recompile else None, attempt
+    )
+
+
+def limit_note(origin: CompileOrigin) -> str | None:
+    """Said on a frame's last compile under dynamo's `recompile_limit`: a later call that
+    fits none of its compiles runs uncompiled, which no report of the chain would show."""
+    import torch._dynamo.config as config
+
+    limit = config.recompile_limit
+    if origin.compile_id is None or origin.attempt + 1 < limit:
+        return None
+    return (
+        f"compile {origin.attempt + 1} of this frame: dynamo's recompile_limit is {limit}, "
+        "so a later call that fits none of its compiles (a new shape, dtype or grad mode) "
+        "runs uncompiled, in eager, outside the chain (raise "
+        "torch._dynamo.config.recompile_limit, or mark sizes dynamic)"
+    )
 
 
 def _reason() -> str | None:
