@@ -46,6 +46,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,15 +145,11 @@ def variants(
 
 def loaded_program(model: torch.nn.Module, args: tuple[torch.Tensor, ...], options: Any) -> Run:
     """The deploy path: the model exported with ONNX Runtime parts, saved, loaded, called."""
-    import tempfile
-
-    import chain as library
-
     backend = chain("onnxruntime", "eager", options={"onnxruntime": options}, memory=False)
-    result = library.export(model, args, backend=backend)
+    result = chain.export(model, args, backend=backend)  # the factory carries export and load
     with tempfile.TemporaryDirectory() as folder:
         torch.export.save(result.program, Path(folder) / "program.pt2")
-        module = library.load(Path(folder) / "program.pt2").module()
+        module = chain.load(Path(folder) / "program.pt2").module()
     return lambda: module(*args)
 
 
