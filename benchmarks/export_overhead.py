@@ -10,8 +10,10 @@ latency of:
 - `session`: a bare `sess.run` on the payload's own ONNX model (the graph's part);
 - `runner`: the payload's runner (`chain.deploy.ops.runner_for`): I/O binding;
 - `op`: `torch.ops.backend_chain.run_payload` on the payload: op dispatch;
-- `program`: the loaded program's `module()(*args)`: the program call (`LeanModule`: our
-  input check, the lifted graph's code, the outputs' structure);
+- `graph`: `LeanModule(program, direct=False)`: our input check, the lifted graph's code
+  (the op), the outputs' structure;
+- `program`: the loaded program's `module()(*args)`: the program call (`LeanModule`: for a
+  program that is one CPU payload call, the runner's plain entry without the graph);
 - `old_forward`: torch's `module(lean=False).forward(*args)`: torch's unlifted graph code
   (pytree flatten, `_guards_fn` shape checks, the op, unflatten), without nn.Module hooks;
 - `old`: torch's `module(lean=False)(*args)`: the previous program call (adds torch's
@@ -24,8 +26,9 @@ variants in rotated order after a warm-up, each round one untimed call per varia
 table gives medians over rounds and `paired`, the median over rounds of program/direct
 timed in the same round (steadier when other processes' load drifts). Attribution, per
 model (ms per call): session = session - direct, I/O binding = runner - session, op
-dispatch = op - runner, program call = program - op; and what the old path cost over ours
-(old - program, of which torch's input check hook = old - old_forward).
+dispatch = op - runner, graph call = graph - op, and the program over direct ORT (program
+- direct); and what the old path cost over ours (old - program, of which torch's input
+check hook = old - old_forward).
 
 With `--gap-ms G` every timed call comes G ms after the previous one returned (a serving
 process between requests: ONNX Runtime's and torch's pool threads have gone to sleep), and
@@ -67,9 +70,10 @@ from benchmarks.ort_overhead import (
 from chain.deploy import LeanModule, ops
 
 OP = torch.ops.backend_chain.run_payload.default
-KEYS = ("direct", "session", "runner", "op", "program", "old_forward", "old")
+KEYS = ("direct", "session", "runner", "op", "graph", "program", "old_forward", "old")
 STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
-         ("op dispatch", "op", "runner"), ("program call", "program", "op"),
+         ("op dispatch", "op", "runner"), ("graph call", "graph", "op"),
+         ("program over direct", "program", "direct"),
          ("| old path over ours", "old", "program"),
          ("(torch's input check hook)", "old", "old_forward"))  # fmt: skip
 MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
@@ -189,6 +193,7 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
         runs["op"] = lambda *xs: OP(pick(xs), payload, outputs)
     else:
         print(f"  ({len(calls)} payload calls: session/runner/op variants left out)")
+    runs["graph"] = LeanModule(program, direct=False)
     runs["program"] = module
     runs["old_forward"] = old.forward
     runs["old"] = old

@@ -13,7 +13,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import chain
-from chain.deploy import ops
+from chain.deploy import LeanModule, ops
 from tests.models import build_extra
 
 OP = torch.ops.backend_chain.run_payload.default
@@ -44,9 +44,11 @@ def test_op_kernel_is_called_without_python_wrappers(
 ) -> None:
     # torch.library.custom_op wraps each call in its autograd function and an aliasing
     # check (Python, 13 us of the op's 18 us dispatch: benchmarks/export_overhead.py);
-    # the deploy path's op is dispatched straight to its kernel
+    # the deploy path's op is dispatched straight to its kernel (the graph path: a program
+    # that is one payload call skips the op for plain inputs, `test_deploy_direct.py`)
     ids = torch.randint(0, 100, (2, 8))
-    _, _, module = _loaded(tmp_path, ids)
+    _, program, _ = _loaded(tmp_path, ids)
+    module = LeanModule(program, direct=False)
     stacks: list[list[str]] = []
     real = ops.runner_for
 

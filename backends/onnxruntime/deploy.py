@@ -44,7 +44,7 @@ from backends.common.payload import (
 )
 from backends.errors import Unsupported
 from backends.onnxruntime.partition import export_part, ort_parts
-from backends.onnxruntime.runtime import Compiled, OrtRunner
+from backends.onnxruntime.runtime import Compiled, OrtRunner, cpu_run
 from backends.onnxruntime.runtime import OutputSpec as BoundOutput
 from backends.onnxruntime.session import create_session, default_providers
 
@@ -233,10 +233,17 @@ class _CpuRun:
         self.session = session
         self._names = list(outputs)
         self._feeds = tuple(inputs)
-        self._run = session.run
+        self._run = cpu_run(session)
 
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
         # detached: an input may require grad (an activation from upstream); the op has no
         # gradient, and numpy() refuses such tensors
         fed = {n: t.detach().contiguous().numpy() for n, t in zip(self._feeds, args, strict=True)}
-        return [torch.from_numpy(o) for o in self._run(self._names, fed)]
+        return [torch.from_numpy(o) for o in self._run(self._names, fed, None)]
+
+    def plain(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The call for contiguous CPU tensors that need no gradient (`chain.deploy.direct`
+        checks): numpy views straight in. ONNX Runtime's outputs are its own memory, never
+        an input's (it copies an output that is a graph input)."""
+        fed = {n: t.numpy() for n, t in zip(self._feeds, args, strict=True)}
+        return list(map(torch.from_numpy, self._run(self._names, fed, None)))

@@ -175,7 +175,7 @@ class OrtRunner:
             self._binding = compiled.session.io_binding()
             self._run_options = cuda_run_options(self._stream is not None)
         self._cpu = self._device.type == "cpu"
-        self._run = _cpu_run(compiled.session)
+        self._run = cpu_run(compiled.session)
         plain = self._cpu and not (self._scalars or self._mutated or self._channels_last)
         self._call = self._plain_cpu() if plain else self._general
 
@@ -311,7 +311,7 @@ class OrtRunner:
         ]
 
 
-def _cpu_run(session: Any) -> Callable[[list[str], dict[str, Any], Any], list[Any]]:
+def cpu_run(session: Any) -> Callable[[list[str], dict[str, Any], Any], list[Any]]:
     """`run(names, feeds, options)` of a session: the C session's own where only the CPU EP
     runs it. The Python wrapper checks the feed names (ours are the model's own) and falls
     back to other EPs on an EP failure (there is none to fall back to): several us a call

@@ -69,6 +69,8 @@ _SYM_NODES = (
     ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Eq, ast.NotEq,
     ast.Lt, ast.LtE, ast.Gt, ast.GtE,
 )  # fmt: skip
+
+
 def _lifted(name: str, graph_module: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     """Each weight and constant the signature lifts: fqn -> (its folder, the graph's
     tensor metadata of its placeholder, all sizes concrete)."""
@@ -217,5 +219,3 @@ def _target_ok(target: str) -> bool:
     if target.startswith("torch.ops.higher_order."):
         return target.removeprefix("torch.ops.higher_order.") in _HIGHER_ORDER
     return module == "torch" and rest in _TORCH_FUNCTIONS
-
-
