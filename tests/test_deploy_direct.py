@@ -119,17 +119,16 @@ def test_calls_the_direct_path_cannot_make_go_to_the_graph(
     with torch.no_grad():
         want = graph(ids).last_hidden_state
         by_name = module(input_ids=ids).last_hidden_state  # bound, checked, then direct
-        assert plain_calls == [1]
-        # strided, and under a dispatch mode (which must see the op): the graph
-        strided = torch.randint(0, 100, (8, 2)).t()
+        strided = torch.randint(0, 100, (8, 2)).t()  # ORT reads numpy's strides
         strided_got = module(strided).last_hidden_state
         strided_want = graph(strided.contiguous()).last_hidden_state
-        with _Seen() as seen:
+        assert plain_calls == [1, 1]
+        with _Seen() as seen:  # a dispatch mode must see the op: the graph
             moded = module(ids).last_hidden_state
     assert OP in seen.ops
     assert torch.equal(by_name, want) and torch.equal(moded, want)
     assert torch.equal(strided_got, strided_want)
-    assert plain_calls == [1]
+    assert plain_calls == [1, 1]
     with pytest.raises(InputMismatch, match=r"expected dtype torch\.int64"):
         module(ids.int())
     with pytest.raises(InputMismatch, match="size 9 at dimension 1"):
@@ -182,6 +181,11 @@ def test_outputs_never_share_memory_with_inputs(tmp_path: Path, plain_calls: lis
     assert flat.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     x.add_(1)  # a later write to the input does not reach an output
     torch.testing.assert_close(flat + 1, x.reshape(-1))
+    row = torch.randn(1, 8).expand(2, 8)  # a zero stride: ORT reads numpy's strides
+    with torch.no_grad():
+        flat, linear = module(row)
+    torch.testing.assert_close(flat, row.reshape(-1))
+    torch.testing.assert_close(linear, model.linear(row), rtol=1e-5, atol=1e-6)
 
 
 def test_programs_with_pytorch_parts_or_dynamic_shapes(

@@ -242,8 +242,8 @@ class _CpuRun:
         return [torch.from_numpy(o) for o in self._run(self._names, fed, None)]
 
     def plain(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The call for contiguous CPU tensors that need no gradient (`chain.deploy.direct`
-        checks): numpy views straight in. ONNX Runtime's outputs are its own memory, never
-        an input's (it copies an output that is a graph input)."""
+        """The call for CPU tensors that need no gradient (`chain.deploy.direct` checks):
+        numpy views straight in (ORT reads strided ones right). ORT's outputs are its own
+        memory, never an input's (it copies an output that is a graph input)."""
         fed = {n: t.numpy() for n, t in zip(self._feeds, args, strict=True)}
         return list(map(torch.from_numpy, self._run(self._names, fed, None)))

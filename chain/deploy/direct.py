@@ -6,7 +6,7 @@ torch call runs from cold caches (here, 20 ms idle: an empty function 13 us, one
 runner's lookup, its `detach`/`contiguous`) then cost 0.14-0.23 ms over ONNX Runtime
 itself on tiny models (`benchmarks/export_overhead.py --gap-ms 20`). When the program is
 that one call, the payload's session is the whole program: for plain CPU tensors that need
-no gradient, contiguous, under no dispatch or function mode, functorch transform or
+no gradient (strided or not), under no dispatch or function mode, functorch transform or
 compile, `LeanModule` calls the runner's `plain` entry (the session run on numpy views)
 and skips the graph; any other call takes the graph, which handles everything.
 """
@@ -26,7 +26,6 @@ from chain.deploy.inputs import InputCheck
 
 _Tensor = torch.Tensor
 _requires_grad = torch._C.TensorBase.requires_grad.__get__
-_contiguous = torch._C.TensorBase.is_contiguous
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._len_torch_function_stack
 _transforms = torch._C._are_functorch_transforms_active
@@ -35,7 +34,7 @@ _OP = torch.ops.backend_chain.run_payload.default  # registered by `ops`
 
 
 def _plain(x: Any) -> bool:
-    return type(x) is _Tensor and not _requires_grad(x) and _contiguous(x)
+    return type(x) is _Tensor and not _requires_grad(x)
 
 
 def _other_mode() -> bool:
@@ -91,7 +90,6 @@ class Direct:
                     or x.shape != size
                     or not x.is_cpu
                     or _requires_grad(x)
-                    or not _contiguous(x)
                 ):
                     return graph(*args, **kwargs)
             return unflatten(choose(plain(pick(args))))
