@@ -6,7 +6,8 @@ file, no pickles, payloads bound to their nodes); plain `torch.export.load` work
 any process that imports `chain` (which registers the `backend_chain::run_payload` op).
 Input and output classes this process has not imported load as `StandIn`s (same fields,
 one `StandInWarning`). `chain.load(path).module()` is a `LeanModule`: the graph behind our
-own input check (`InputMismatch`), ~50 us a call less than torch's `module()`.
+own input check (`InputMismatch`), ~50 us a call less than torch's `module()`; a program
+that is one CPU payload call runs its session directly for plain inputs (`direct.py`).
 A backend takes part through its export hooks (`backends.common.parts`); this package
 knows none by name.
 """
