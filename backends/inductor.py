@@ -11,6 +11,8 @@ compiled callable offers to build one (`chain_artefact_later`, a second compile 
 runs off the caller's thread), and `reuse` loads one without importing or running
 inductor (`backends.inductor_runner`). Loading a package runs its native code: the backend
 declares `native_artefacts`, and the chain loads them only from a store the user trusts.
+Exported (`backends.inductor_deploy`), a package is signed under CHAIN_PROGRAM_KEY and
+loads only where the same key is set.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import fx
 
 from backends import inductor_isa, inductor_package
 from backends.inductor_config import check_mode, config_options, config_patches
+from backends.inductor_deploy import export_parts, load_payload
 from backends.registry import register_backend
 
 
@@ -76,6 +79,8 @@ def inductor_reuse(
     vocabulary_doc="a name of torch._inductor.config (torch._inductor.list_options())",
     reuse=inductor_reuse,
     native_artefacts=True,
+    exporter=export_parts,
+    loader=load_payload,
 )
 def inductor(
     gm: fx.GraphModule, example_inputs: list[torch.Tensor], mode: str | None = None, **options: Any

@@ -4,7 +4,8 @@ A backend that can be exported declares two hooks (`register_backend(exporter=..
 loader=...)`):
 - `exporter(request: ExportRequest) -> ExportedParts | None`: the graph to stitch and its
   compiled parts (`Part`: a payload's header and body, which submodule call it replaces,
-  and the example it must reproduce), or None when it has nothing to export for this graph.
+  and the example it must reproduce), or None when it has nothing to export for this graph
+  (raising `Unsupported` says why: the export's notes keep the reason).
 - `loader(header, body, device) -> Runner`: checks that this process can run the payload
   (raising `RuntimeMissing` / `PayloadMismatch` with one line naming what to do), then
   builds the runner: `runner(inputs) -> list[Tensor]`.

@@ -3,7 +3,8 @@
 1. `torch.export` captures the model as one ATen graph (`capture.py`).
 2. The chain runs on that graph as dynamo would call it; its report records the attempts.
 3. Export hooks (`backends.common.parts`) turn compiled parts into payloads: first the
-   winner's exporter with its compiled graph, then, if it had nothing to export, each other
+   winner's exporter with its compiled graph, then, if it had nothing to export (or raised
+   `Unsupported`, whose reason the notes keep), each other
    exportable backend of the chain, told how it fared (ONNX Runtime partitions a graph it
    declined into ORT parts and PyTorch parts). No exporter: the program stays PyTorch.
 4. Every part is verified: its payload, run by its backend's loader, must reproduce the
@@ -27,6 +28,7 @@ from torch.utils import _pytree as pytree
 
 import chain.deploy.ops as ops
 from backends.common.parts import ExportedParts, ExportRequest, Part
+from backends.errors import Unsupported
 from backends.registry import registry
 from chain.deploy.capture import capture
 from chain.deploy.stitch import stitch
@@ -141,6 +143,7 @@ def _exported_parts(
     """The parts of the first candidate (`export_order`) whose exporter returns some, and
     that candidate's attempt when it is not the winner."""
     winner = record.winner
+    declined: list[str] = []  # why an exporter made nothing (it raised Unsupported)
     for attempt in export_order(record):
         name = attempt.backend
         won = name == winner
@@ -154,10 +157,17 @@ def _exported_parts(
             min_block_size,
             dynamic_dims,
         )
-        exported = registry.lookup(name).exporter(request)  # type: ignore[misc]
+        try:
+            exported = registry.lookup(name).exporter(request)  # type: ignore[misc]
+        except Unsupported as why:
+            declined.append(f"{name} not exported: {why.reason}")
+            continue
         if exported is not None:
+            if declined:
+                exported.note += f" ({'; '.join(declined)})"
             return exported, (None if won else attempt)
-    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph)"), None
+    why = "".join(f"; {d}" for d in declined)
+    return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph{why})"), None
 
 
 def _exportable(name: str) -> bool:
