@@ -266,13 +266,13 @@ def _record(winner: str, *attempts: Attempt) -> GraphRecord:
 def test_export_order_takes_the_fastest_passed_exporter_not_one_slower_than_eager() -> None:
     won = Attempt("inductor", Status.WON, latency_ms=0.3, speedup=4.0)
     ort = Attempt("onnxruntime", Status.SLOWER, latency_ms=0.4, speedup=3.0, verdict="faster")
-    order = export_order(_record("inductor", won, ort))
-    assert [a.backend for a in order] == ["onnxruntime"]
+    order = export_order(_record("inductor", won, ort))  # inductor: a signed package, if keyed
+    assert [a.backend for a in order] == ["inductor", "onnxruntime"]
     graph = torch.fx.symbolic_trace(MLP())  # not timed: the attempt carries its speedup
     note = _instead(_record("inductor", won, ort), ort, graph, graph, (torch.randn(2, 32),))
     assert note == "inductor won; exported onnxruntime, 3.0x"
     slow = Attempt("onnxruntime", Status.SLOWER, latency_ms=2.0, speedup=0.5, verdict="slower")
-    assert export_order(_record("inductor", won, slow)) == []
+    assert export_order(_record("inductor", won, slow)) == [won]
     # eager won: the program stays PyTorch by choice, unless ORT declined (parts of) it
     untried = Attempt("onnxruntime", Status.NOT_TRIED)
     assert export_order(_record("eager", Attempt("eager", Status.WON), untried)) == []
