@@ -22,7 +22,8 @@ import chain
 from backends.onnxruntime.deploy import _CpuRun
 from chain.bench.export_zoo import build as build_zoo
 from chain.deploy import InputMismatch, LeanModule, LoadedProgram
-from tests.models import build, build_extra
+from tests.models import build
+from tests.test_deploy_program import bert_programs
 
 BACKEND = ("onnxruntime", "eager")
 OP = torch.ops.backend_chain.run_payload.default
@@ -50,13 +51,7 @@ def plain_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], LoadedProgram]:
-    """A tiny transformers BERT exported, saved and loaded at two shapes."""
-    model, _ = build_extra("bert")
-    folder = tmp_path_factory.mktemp("bert")
-    return {
-        shape: _load(model, (torch.randint(0, 100, shape),), folder / f"{shape[1]}.pt2")
-        for shape in ((2, 8), (3, 5))
-    }
+    return bert_programs(tmp_path_factory)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])

@@ -29,8 +29,7 @@ def _exported(model: torch.nn.Module, args: tuple[Any, ...], path: Path) -> Load
     return _save_load(result.program, path)
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], LoadedProgram]:
+def bert_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], LoadedProgram]:
     """A tiny transformers BERT exported, saved and loaded at two shapes."""
     model, _ = build_extra("bert")
     folder = tmp_path_factory.mktemp("bert")
@@ -38,6 +37,11 @@ def bert(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], Load
         shape: _exported(model, (torch.randint(0, 100, shape),), folder / f"{shape[1]}.pt2")
         for shape in ((2, 8), (3, 5))
     }
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], LoadedProgram]:
+    return bert_programs(tmp_path_factory)
 
 
 class DictInput(torch.nn.Module):
