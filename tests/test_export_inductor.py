@@ -8,6 +8,7 @@ next candidate and says why. A tiny transformers BERT, loaded in fresh processes
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,24 @@ def test_dynamic_shapes_export_onnx_runtime_even_with_a_key(
     result = chain.export(model, args, backend=_chain(), dynamic_shapes=dims)
     assert [p["backend"] for p in result.parts] == ["onnxruntime"]
     assert any("inductor not exported: dynamic shapes" in n for n in result.notes)
+
+
+def test_the_loaded_package_answers_from_threads(
+    bert_program: tuple[Path, Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _, _ = bert_program
+    monkeypatch.setenv(KEY_ENV, KEY)
+    module = chain.load(path).module()
+    model, _ = build_extra("bert")
+    inputs = [torch.randint(0, 100, (2, 8)) for _ in range(4)]
+    with torch.no_grad():
+        want = [model(x).last_hidden_state for x in inputs]
+
+    def call(k: int) -> float:
+        with torch.inference_mode() if k % 2 else torch.no_grad():
+            got = module(inputs[k % 4]).last_hidden_state
+        return (got - want[k % 4]).abs().max().item()
+
+    with ThreadPoolExecutor(4) as pool:
+        errors = list(pool.map(call, range(32)))
+    assert max(errors) < 1e-4, errors
