@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from backends.common.files import private_file
 from backends.common.parts import (
     WHOLE,
     ExportedParts,
@@ -34,14 +33,13 @@ from backends.common.parts import (
     flat_outputs,
 )
 from backends.common.payload import Header, PayloadError, PayloadMismatch, TensorSpec, digest
-from backends.errors import Unsupported, one_line
+from backends.errors import Unsupported
 from backends.inductor_package import NO_CUDA, decode, machine, prepare
-from backends.inductor_runner import mismatch
+from backends.inductor_runner import mismatch, open_package
 
 NAME = "inductor"
 KEY_ENV = "CHAIN_PROGRAM_KEY"
 _MAGIC = b"chain-signed hmac-sha256 "
-_UNTAKEN = ("slower", "not_tried")  # it passed but lost on speed, or the chain never tried it
 # the package's library links torch and needs the CPU's instructions; the compiler that
 # built it does not matter once it is built (the store's key keeps it for its own reasons)
 _NOT_COMPARED = ("compiler",)
@@ -83,7 +81,7 @@ def export_parts(request: ExportRequest) -> ExportedParts | None:
     """The exporter hook: the whole graph as one signed package when inductor won it or
     passed; Unsupported (the reason export notes) without a key, with dynamic shapes, on
     CUDA, or when the package cannot be built."""
-    if not request.won and request.status not in _UNTAKEN:
+    if not request.won and not request.untaken:
         return None
     key = program_key()
     if key is None:
@@ -139,12 +137,10 @@ def load_payload(header: Header, body: bytes, device: torch.device) -> Runner:
     why = mismatch(built_for, here)
     if why is not None:
         raise PayloadMismatch(f"AOTInductor package {why}: export it again on this machine")
-    with private_file(package, "graph.pt2") as path:
-        try:
-            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
-        except Exception as error:  # torch's loader raises RuntimeError on a bad package
-            message = f"AOTInductor package cannot be loaded: {one_line(error)}"
-            raise PayloadMismatch(message) from error
+    try:
+        loader = open_package(package, -1)
+    except Unsupported as error:
+        raise PayloadMismatch(error.reason) from error
     run, kept = loader.run, package_header.kept
 
     def runner(inputs: Sequence[Any]) -> list[torch.Tensor]:

@@ -71,9 +71,14 @@ def load(data: bytes, example_inputs: Sequence[Any], patches: Mapping[str, Any])
     index = device.index if device.index is not None else -1
     if device.type == "cuda" and index < 0:
         index = torch.cuda.current_device()
+    return PackageRunner(open_package(package, index), header, device)
+
+
+def open_package(package: bytes, index: int) -> Any:
+    """torch's loader of `package` (checked bytes) from a private copy; Unsupported when
+    torch cannot load it."""
     with private_file(package, "graph.pt2") as path:
         try:
-            loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
+            return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
         except Exception as error:  # torch's loader raises RuntimeError on a bad package
             raise Unsupported(f"inductor package cannot be loaded: {one_line(error)}") from error
-    return PackageRunner(loader, header, device)

@@ -99,6 +99,11 @@ class ExportRequest:
     def won(self) -> bool:
         return self.compiled is not None
 
+    @property
+    def untaken(self) -> bool:
+        """It passed but lost on speed, or the chain never tried it."""
+        return self.status in ("slower", "not_tried")
+
 
 @dataclass
 class ExportedParts:

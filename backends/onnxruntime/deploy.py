@@ -67,15 +67,12 @@ def onnx_header(graph: OnnxGraph, outputs: Sequence[torch.Tensor], device: str) 
     )
 
 
-_UNTAKEN = ("slower", "not_tried")  # it passed but lost on speed, or the chain never tried it
-
-
 def export_parts(request: ExportRequest) -> ExportedParts | None:
     """The exporter hook: the whole model when ORT won, or did not lose by failing (another
     winner cannot export); ORT parts when it declined the graph or ops stay in PyTorch."""
     if request.status == "unsupported":
         return partitioned(request)
-    if not request.won and request.status not in _UNTAKEN:
+    if not request.won and not request.untaken:
         return None  # it failed on this graph (mismatch, errors): nothing of it is exported
     if request.torch_executed_ops:
         return partitioned(request)

@@ -48,7 +48,7 @@ class Direct:
     def __init__(
         self, positions: tuple[int, ...], plain: Callable[..., Any], index: tuple[int, ...]
     ) -> None:
-        self.positions, self.plain, self.index = positions, plain, index
+        self.plain = plain
         self.pick = _getter(positions)
         self.choose = (
             (lambda results: tuple(results))
