@@ -1,5 +1,6 @@
 """`torch.compile(model, backend="chain")`: the default chain, registered through the
-`torch_dynamo_backends` entry point; `options={"backends": [...], "mode": ...}` picks it."""
+`torch_dynamo_backends` entry point; `options={"backends": [...], "mode": ...}` picks it,
+and so does torch.compile's own `mode=` ("fastest", "max-autotune": chain.select.torch_modes)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import fx
 
 from backends.errors import InvalidOption
 from backends.registry import registry
+from chain.select import torch_modes
 from chain.select.core import Chain
 
 DEFAULT_CHAIN = ("tensorrt", "cudagraphs", "onnxruntime", "eager")
@@ -53,8 +55,9 @@ def chain_backend(
     options: dict[str, Any] | None = None,
     mode: str | None = None,
 ) -> Callable[..., Any]:
-    """Dynamo's entry for the name "chain"; torch.compile's `mode` is not a chain mode."""
-    del mode  # torch.compile's mode ("reduce-overhead", ...) means nothing to a chain
-    selected = chain_for(options)
+    """Dynamo's entry for the name "chain". torch.compile's `mode` picks chain options
+    ("first", "fastest", "max-autotune" as "fastest", "reduce-overhead" as CUDA graphs on);
+    any other mode is an InvalidOption naming the valid ones (chain.select.torch_modes)."""
+    selected = chain_for(torch_modes.merged(mode, options))
     _last[:] = [selected]
     return selected(gm, example_inputs)

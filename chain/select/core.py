@@ -26,7 +26,7 @@ from chain.report.report_file import ReportFile
 from chain.run.graphs import GraphsStage, base_name, mark
 from chain.run.guard import _FALLBACK, GuardedGraph
 from chain.run.watch import Demoted, TooSlow
-from chain.select import recompiles
+from chain.select import recompiles, torch_modes
 from chain.select.attempt import dynamo_signal, one_line
 from chain.select.candidates import Candidates
 from chain.select.isolation import Isolation, fresh_copy
@@ -141,9 +141,11 @@ class Chain(Remembered, Serving, Candidates):
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[Any], **dynamo_kwargs: Any
     ) -> Callable[..., Any]:
-        """Dynamo's backend call; `options=`/`mode=` that dynamo may pass are accepted."""
+        """Dynamo's backend call; torch.compile's `mode=` must agree with the chain's
+        options and its `options=` are refused (chain.select.torch_modes)."""
         if dynamo_kwargs:
-            log.debug("chain ignores dynamo's arguments %s", sorted(dynamo_kwargs))
+            settings = {"mode": self.mode, "cuda_graphs": self.graphs.setting}
+            torch_modes.check_call(dynamo_kwargs, settings)
         inputs = list(example_inputs)
         recall = self.memory.recall(gm, inputs) if self.memory else None
         reference, notes = self._reference(gm, inputs, recall.recorded if recall else None)
