@@ -30,6 +30,7 @@ from chain.select import recompiles, torch_modes
 from chain.select.attempt import dynamo_signal, one_line
 from chain.select.candidates import Candidates
 from chain.select.isolation import Isolation, fresh_copy
+from chain.select.once import Once, Reused
 from chain.select.options import MODES as MODES  # re-exported: chain.select.core.MODES
 from chain.select.options import check_backend_options, checked
 from chain.select.recall import Remembered
@@ -119,6 +120,7 @@ class Chain(Remembered, Serving, Candidates):
         on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
         self.memory = Memory(store, decides, max_artefact_mb) if on else None
         self._recalls: dict[int, Recall] = {}  # per graph id: its key, to forget a demoted winner
+        self._once = Once(decides)  # one selection per graph in this process (chain.select.once)
 
     @property
     def speed(self) -> SpeedRules:
@@ -147,7 +149,18 @@ class Chain(Remembered, Serving, Candidates):
             settings = {"mode": self.mode, "cuda_graphs": self.graphs.setting}
             torch_modes.check_call(dynamo_kwargs, settings)
         inputs = list(example_inputs)
-        recall = self.memory.recall(gm, inputs) if self.memory else None
+        with self._once.turn(gm, inputs) as turn:  # a graph selected again reuses its decision
+            recall = turn.recall(
+                self.memory.recall(gm, inputs) if self.memory else None, self.report
+            )
+            guard = self._compile_graph(gm, inputs, recall)
+            turn.decided(guard.graph_id, self.report)
+            return guard
+
+    def _compile_graph(
+        self, gm: fx.GraphModule, inputs: list[Any], recall: Recall | None
+    ) -> GuardedGraph:
+        """Select a winner for `gm` (or compile the one `recall` remembers) and guard it."""
         reference, notes = self._reference(gm, inputs, recall.recorded if recall else None)
         if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
             notes.append(note)
@@ -201,8 +214,10 @@ class Chain(Remembered, Serving, Candidates):
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
         decided = hit is not None or (bool(stored) and note is None)  # a decision is kept
-        if recall is not None and (
-            note := self._keep_artefact(recall, record, fns, gm, inputs, reference, decided)
+        if (
+            recall is not None
+            and not isinstance(recall, Reused)  # its selection kept what there was to keep
+            and (note := self._keep_artefact(recall, record, fns, gm, inputs, reference, decided))
         ):
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record
