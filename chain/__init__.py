@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import backends as _backends  # noqa: F401  (registers the built-in backends)
 from chain.deploy import CaptureError, ExportError, ExportResult, export, load
-from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain
+from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain, report_for
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.report.report import Report, ReportError
 from chain.select.attempt import CompileTimeout, Mismatch
@@ -57,6 +57,7 @@ __all__ = [
     "export",
     "last_chain",
     "load",
+    "report_for",
 ]
 
 
