@@ -1,5 +1,5 @@
-"""The HTML report: escaped reasons, every section, tables without plotly, and a real
-headless Chromium rendering it without console errors."""
+"""The HTML report: escaped reasons, every section, inline SVG charts (no script), and a
+real headless Chromium rendering it without console errors."""
 
 from __future__ import annotations
 
@@ -71,17 +71,13 @@ def test_page_has_summary_timeline_and_every_attempt(report: Report, page: Path)
     assert f"Recompiles graph {recompiled[0].recompiles}" in text
     g = report.graphs[0]
     assert f"python -m chain repro REPORT.json {g.id} wrong_numbers -o repro/" in text
-    assert "Plotly.newPlot" in text  # the charts, plotly.js inlined
-    assert "cdn.plot.ly" not in text.split("<body>")[1].split("<script")[0]
+    assert text.count('<svg class="chart"') == 2  # the charts, inline SVG
+    assert "<script" not in text  # nothing runs, nothing loads
 
 
-def test_without_plotly_the_tables_stay(
-    report: Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(html, "plotly_available", lambda: False)
-    text = report.save_html(tmp_path / "plain.html").read_text()
-    assert html.NO_PLOTLY.split(":")[0] in text
-    assert "Plotly.newPlot" not in text
+def test_without_charts_the_tables_stay(report: Report, tmp_path: Path) -> None:
+    text = html.save(report, tmp_path / "plain.html", charts=False).read_text()
+    assert '<svg class="chart"' not in text
     assert all(f'id="graph-{g.id}"' in text for g in report.graphs)
 
 
@@ -108,7 +104,7 @@ def test_browser_renders_the_report(headless: None, report: Report, page: Path) 
     assert rendered.console == []
     assert 'id="summary"' in rendered.dom
     assert f'<a href="#graph-{report.graphs[-1].id}">' in rendered.dom  # a timeline row
-    assert 'class="main-svg"' in rendered.dom  # plotly drew its charts
+    assert rendered.dom.count('<svg class="chart"') == 2  # the inline charts
 
 
 def test_browser_sees_console_errors(headless: None, tmp_path: Path) -> None:

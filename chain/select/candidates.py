@@ -116,6 +116,7 @@ class Candidates:
         slow: dict[str, Callable[..., Any]] = {}  # below min_speedup: for the rescue
         floored: dict[str, Callable[..., Any]] = {}  # measurably slower than eager
         eager: Timing | None = None
+        eager_of: dict[str, Timing] = {}  # first mode: each candidate's own run's eager
         shape = graphinfo.graph_hash(gm)
         why_not_graphs = self.graphs.why_not(gm, inputs)
         for backend in self.backends[start:]:
@@ -139,7 +140,7 @@ class Candidates:
                 [attempt], timings = time_candidates(
                     self.speed, [attempt], {backend.name: fn}, gm, reference
                 )
-                eager = timings[EAGER_REF]
+                eager = eager_of[backend.name] = timings[EAGER_REF]
                 attempt, fn = self.speed.judge(
                     attempt, fn, self._last(backend), timings, slow, floored
                 )
@@ -161,6 +162,8 @@ class Candidates:
         elif not passed:
             attempts = self.speed.rescue_slower(attempts, slow, passed)
         attempts = self.speed.explained(attempts)  # the winner's reason: its speed case
+        won = next((a.backend for a in attempts if a.status is Status.WON), None)
+        eager = eager_of.get(won or "", eager)  # the graph's one eager time: its winner's run
         if self.speed.floor_needed(attempts):
             attempts.append(self.speed.floor_attempt(eager))
             passed[EAGER] = gm.forward
