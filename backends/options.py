@@ -32,9 +32,11 @@ class BadValue(ValueError):
 
 
 def did_you_mean(name: str, valid: Collection[str]) -> str:
-    """ " (did you mean 'x'?)" for a near miss among `valid`, else ""."""
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """ " (did you mean 'x'?)" for a near miss among `valid`, else "". Case is ignored:
+    "ONNXRuntime" is a near miss of "onnxruntime"."""
+    by_lower = {v.lower(): v for v in valid}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 def anything(value: Any) -> Any:

@@ -27,11 +27,20 @@ from chain.select.isolation import WeightsDamaged
 def chain(*backends: object, **kwargs: object) -> Chain:
     """A chain of backends (names, callables, other chains), tried per graph in order.
 
-    Keyword options: mode ("first" | "fastest"), verify, measure, strict, options
-    ({backend name: {option: value}}), report_path, min_speedup, compile_timeout_s,
-    max_retries, measure_budget_s, tolerances, cuda_graphs ("auto" | True | False),
-    memory (remembered decisions: True | False), store (a directory or redis:// URL).
-    See docs/guide/options.md for each.
+    Keyword options (each checked here: a bad one is an `InvalidOption`):
+
+    - `mode`: "first" (the first backend that passes wins) or "fastest" (all are timed)
+    - `verify`, `measure`, `strict`, `eager_floor`: True or False
+    - `options`: {backend name: {option: value}}, checked by each backend
+    - `report_path`: a JSON file rewritten after every graph (default `$CHAIN_REPORT`)
+    - `min_speedup`, `compile_timeout_s`, `max_retries`, `measure_budget_s`
+    - `tolerances`: {dtype: (rtol, atol)} without a float64 reference
+    - `cuda_graphs`: "auto", True or False
+    - `watch`, `reverify_rate`: the run-time checks and the share of time re-verifying
+    - `memory`, `store`, `max_artefact_mb`: remembered decisions and their store
+    - `bucket_after`, `max_buckets`, `max_bucket_mb`: per-shape buckets
+
+    Each is described in [Options](guide/options.md#chain-options).
     """
     return Chain(*backends, **kwargs)  # type: ignore[arg-type]
 

@@ -11,8 +11,7 @@ from rich.console import Console
 from backends.common.files import UnsafeFile
 from chain.report import json_fields as jf
 from chain.report.columns import printable
-from chain.report.records import FAILURES
-from chain.report.report import Report, ReportError
+from chain.report.report import SHOWN_FAILURES, Report, ReportError
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -35,7 +34,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.format == "json":
         data = report.to_dict()
         if args.failures:
-            failures = {s.value for s in FAILURES}
+            failures = {s.value for s in SHOWN_FAILURES}
             for g in data["graphs"]:
                 g["attempts"] = [a for a in g["attempts"] if a["status"] in failures]
         print(jf.dumps(data, indent=2))
@@ -114,9 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="print a saved report (JSON written by Report.save)")
-    rep.add_argument("file")
+    rep.add_argument("file", help="the report's JSON file (Report.save, report_path=)")
     rep.add_argument(
-        "--format", choices=("table", "markdown", "csv", "json", "html"), default="table"
+        "--format",
+        choices=("table", "markdown", "csv", "json", "html"),
+        default="table",
+        help="how to print it (default: table; html needs -o FILE)",
     )
     rep.add_argument("-o", "--output", metavar="FILE", help="where --format html writes the page")
     rep.add_argument(
@@ -125,10 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only the attempts that failed, then each one's whole reason",
     )
     rep = sub.add_parser("repro", help="write a standalone repro of one backend on one graph")
-    rep.add_argument("file")
-    rep.add_argument("graph", type=int)
-    rep.add_argument("backend")
-    rep.add_argument("-o", "--output", metavar="DIR", required=True)
+    rep.add_argument("file", help="the report's JSON file (Report.save, report_path=)")
+    rep.add_argument("graph", type=int, help="the graph's id (the report's `graph` column)")
+    rep.add_argument("backend", help="the backend to run on it, as the report names it")
+    rep.add_argument("-o", "--output", metavar="DIR", required=True, help="where to write it")
     rep.add_argument(
         "--size", action="append", default=[], metavar="NAME=N", help="a symbolic size's value"
     )

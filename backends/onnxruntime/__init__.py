@@ -18,6 +18,7 @@ or ORT cannot take, dynamic shapes the exporter cannot express ("dynamic shapes:
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ from backends.onnxruntime.session import (
     default_providers,
     user_stream,
 )
-from backends.options import BadValue, Check, boolean, one_of, optional, threads
+from backends.options import BadValue, Check, boolean, did_you_mean, one_of, optional, threads
 from backends.registry import register_backend
 
 
@@ -62,7 +63,34 @@ def _providers(value: Any) -> Any:
     )
     if not ok:
         raise BadValue("a list of provider names or (name, options) pairs")
+    here = _available_providers()
+    for provider in value:
+        name = provider if isinstance(provider, str) else provider[0]
+        if here is not None and name not in here:
+            known = name in _all_providers()
+            why = "not available in this onnxruntime install" if known else "not a provider"
+            raise BadValue(
+                f"providers available here: {', '.join(here)}; {name!r} is {why}"
+                f"{'' if known else did_you_mean(name, _all_providers())} (onnxruntime would "
+                "fall back to another provider without a word)"
+            )
     return value
+
+
+def _available_providers() -> list[str] | None:
+    """onnxruntime.get_available_providers(); None without onnxruntime (nothing to check)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
+
+
+def _all_providers() -> list[str]:
+    """Every provider onnxruntime knows of, built into this install or not."""
+    import onnxruntime
+
+    return list(onnxruntime.get_all_providers())
 
 
 OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()

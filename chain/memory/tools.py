@@ -153,8 +153,9 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="chain store", description=__doc__)
     parser.add_argument(
         "--store",
-        help="directory (a cache root: its decisions folder) or redis:// URL "
-        "(default: CHAIN_STORE)",
+        help="the folder that holds the entries, or a cache root (what CHAIN_CACHE_DIR "
+        "names), which means its decisions folder; or a redis:// URL (default: "
+        "CHAIN_STORE, else the local cache)",
     )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="one line per remembered decision")

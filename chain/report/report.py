@@ -75,6 +75,10 @@ _STYLES = {
 }
 
 
+# what --failures lists: `unavailable` is not a failure of the backend (a CPU machine
+# has no TensorRT), only of the machine; it stays in the full table
+SHOWN_FAILURES = FAILURES - {Status.UNAVAILABLE}
+
 MAX_BYTES = 64 << 20  # a report of thousands of graphs is a few MiB
 MAX_DEPTH = 64  # a report nests about 6 deep; `details` and `inputs` a little more
 
@@ -217,7 +221,7 @@ class Report:
             (g, a)
             for g in self.graphs
             for a in g.attempts
-            if not failures_only or a.status in FAILURES
+            if not failures_only or a.status in SHOWN_FAILURES
         ]
 
     def rows(self, failures_only: bool = False) -> list[list[str]]:

@@ -8,6 +8,7 @@ hatched and left out of the headline figure.
 from __future__ import annotations
 
 import html
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +26,8 @@ from chain.report.texts import (
     recompile_text,
     timing_text,
 )
+
+log = logging.getLogger("chain")
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330}
@@ -316,5 +319,10 @@ def fragment(report: Report) -> str:
 
 def save(report: Report, path: str | os.PathLike[str], **kwargs: Any) -> Path:
     """Write the page atomically (a crash leaves the old file or the new one), to a regular
-    file only: a symlink, FIFO, device or folder at `path` is UnsafeFile, left as it was."""
-    return atomic_write(Path(path), render(report, **kwargs))
+    file only: a symlink, FIFO, device or folder at `path` is UnsafeFile, left as it was.
+    A missing folder is created, as `Report.save` does, with a warning naming it."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        log.warning("Report.save_html: created the missing directory %s", target.parent)
+    return atomic_write(target, render(report, **kwargs))
