@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chain import Attempt, GraphRecord, Report, Status
+import torch
+
+from chain import Attempt, GraphRecord, Report, Status, chain
 from chain.report.attempts import TimingEvidence
+from tests import faults
+from tests.helpers import compile_and_check
+from tests.models import build
 
 CLEAN = TimingEvidence(rounds=24, seconds=0.2, load=0.5, cpus=2)
 BUSY = TimingEvidence(rounds=12, seconds=0.2, load=3.0, cpus=2, noisy=("the machine was busy",))
@@ -66,3 +71,17 @@ def test_html_page_size_is_bounded_for_many_graphs(tmp_path: Path) -> None:
     graphs = [_graph(i, 10, 1.0, "eager", 1.0, CLEAN) for i in range(40)]
     page = Report(graphs).save_html(tmp_path / "r.html")
     assert page.stat().st_size < 400_000, page.stat().st_size
+
+
+def test_one_eager_time_per_graph_in_table_and_reasons() -> None:
+    """A candidate timed against eager loses; eager, named next, wins on that same eager
+    time: the graph's eager ms, eager's latency and the loser's "vs eager" agree."""
+    torch._dynamo.reset()
+    model, args = build("mlp")
+    backend = chain(faults.Sleeps(), "eager", measure_budget_s=0.05, memory=False)
+    compile_and_check(model, args, backend, calls=1)
+    [graph] = backend.report.graphs
+    slow, eager = graph.attempts
+    assert (slow.status, eager.status) == (Status.SLOWER, Status.WON)
+    assert eager.latency_ms == graph.eager_ms
+    assert f"vs eager {graph.eager_ms:.3f} ±" in slow.reason, (slow.reason, graph.eager_ms)

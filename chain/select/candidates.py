@@ -15,6 +15,7 @@ from backends.registry import Backend
 from chain.judge.accuracy import reduction_lengths
 from chain.judge.fp64 import Later, fp64_reference
 from chain.judge.speed import EAGER, EAGER_REF
+from chain.judge.speed import timed as timed_by
 from chain.judge.timing import Timing
 from chain.judge.verify import unchanged
 from chain.report import graphinfo
@@ -137,9 +138,13 @@ class Candidates:
                 fn = None
             if fn is not None and self._timed(reference) and self.mode == "first":
                 # timed at once: a candidate that fails while timed leaves room for the next
-                [attempt], timings = time_candidates(
-                    self.speed, [attempt], {backend.name: fn}, gm, reference
-                )
+                if backend.name == EAGER and eager is not None:  # eager itself, timed already:
+                    timings = {EAGER_REF: eager, EAGER: eager}  # one eager time per graph
+                    attempt = timed_by(attempt, eager)
+                else:
+                    [attempt], timings = time_candidates(
+                        self.speed, [attempt], {backend.name: fn}, gm, reference
+                    )
                 eager = eager_of[backend.name] = timings[EAGER_REF]
                 attempt, fn = self.speed.judge(
                     attempt, fn, self._last(backend), timings, slow, floored
