@@ -47,7 +47,7 @@ def test_headline_weighs_by_eager_time_and_leaves_noisy_graphs_out() -> None:
     assert s["noisy_speedup"] == round(1017.0, 4)
     line = report.summary_line()
     assert line.startswith("1.09x end to end over 2 graph(s) whose timing holds")
-    assert "left out, noisy (may not hold): graph(s) 2" in line
+    assert "left out: 1 noisy graph(s), their figures may not hold (graph(s) 2)" in line
     assert line.index("1.09x") < line.index("1017")
 
 

@@ -250,7 +250,8 @@ class Report:
         if s["noisy_speedup"] is not None:
             ids = ", ".join(map(str, s["noisy_graphs"]))
             parts.append(
-                f"left out, noisy (may not hold): graph(s) {ids}: eager "
+                f"left out: {s['noisy']} noisy graph(s), their figures may not hold "
+                f"(graph(s) {ids}): eager "
                 f"{s['noisy_eager_ms']:.3f} ms / winners {s['noisy_winner_ms']:.3f} ms "
                 f"= {s['noisy_speedup']:.2f}x"
             )
