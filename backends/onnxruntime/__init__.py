@@ -66,13 +66,10 @@ def _providers(value: Any) -> Any:
     here = _available_providers()
     for provider in value:
         name = provider if isinstance(provider, str) else provider[0]
-        if here is not None and name not in here:
-            known = name in _all_providers()
-            why = "not available in this onnxruntime install" if known else "not a provider"
+        if here is not None and name not in _all_providers():  # a typo: refused at chain()
             raise BadValue(
-                f"providers available here: {', '.join(here)}; {name!r} is {why}"
-                f"{'' if known else did_you_mean(name, _all_providers())} (onnxruntime would "
-                "fall back to another provider without a word)"
+                f"provider names onnxruntime knows; {name!r} is not one"
+                f"{did_you_mean(name, _all_providers())} (available here: {', '.join(here)})"
             )
     return value
 
@@ -84,6 +81,19 @@ def _available_providers() -> list[str] | None:
     import onnxruntime
 
     return list(onnxruntime.get_available_providers())
+
+
+def _check_chosen(chosen: Sequence[Provider]) -> None:
+    """A provider the user named that this install lacks (a CUDA provider on a CPU machine):
+    the backend declines with the reason, where ONNX Runtime would fall back silently."""
+    here = _available_providers() or []
+    missing = [p if isinstance(p, str) else p[0] for p in chosen]
+    missing = [name for name in missing if name not in here]
+    if missing:
+        raise Unsupported(
+            f"provider(s) {', '.join(missing)} not available in this onnxruntime install "
+            f"(available: {', '.join(here)}); ONNX Runtime would fall back without a word"
+        )
 
 
 def _all_providers() -> list[str]:
@@ -120,6 +130,7 @@ def _compile(
     outputs, single = output_nodes(gm)
     specs = output_specs(outputs)
     chosen = list(providers) if providers is not None else default_providers(device)
+    _check_chosen(chosen)
 
     def build(inputs: Sequence[object], graph: OnnxGraph | None = None) -> Compiled:
         graph = graph if graph is not None else export_onnx(gm, inputs)
