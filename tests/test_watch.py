@@ -18,6 +18,7 @@ from chain.bench import zoo
 from chain.report.records import GraphRecord
 from chain.run.watch import RunChecks
 from chain.run.watch.schedule import AFTER, SETTLED, Schedule
+from tests.timed import Captured
 
 pytestmark = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 
@@ -59,22 +60,6 @@ class Switch:
             return gm(*args)
 
         return run
-
-
-class Captured:
-    """A dynamo backend that compiles through `chain_backend` and keeps each guard, so a test
-    can reach its watch; `setup(watch)` runs on each before its first call."""
-
-    def __init__(self, chain_backend: Any, setup: Callable[[Any], None] | None = None) -> None:
-        self.chain, self.setup = chain_backend, setup
-        self.guards: list[Any] = []
-
-    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        guard = self.chain(gm, example_inputs)
-        if self.setup is not None:
-            self.setup(guard.active.watch)
-        self.guards.append(guard)
-        return guard
 
 
 def _demoted(record: GraphRecord) -> str:
