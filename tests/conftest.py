@@ -1,10 +1,16 @@
 """Markers `cuda`, `ort_cuda` and `tensorrt`, defined once: tests carrying them skip with
-the reason."""
+the reason. Each process of the run (each pytest-xdist worker) gets its own decision cache
+and one intra-op thread; each runs its own redis-server where a test asks for one."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +22,20 @@ os.environ["CHAIN_MEMORY"] = "0"
 # Nor do inductor winners build AOTInductor packages in the background (a second compile
 # each): tests/test_inductor_package.py turns them on in the processes it starts.
 os.environ["CHAIN_INDUCTOR_PACKAGE"] = "0"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each process of the run (each pytest-xdist worker) remembers into a cache of its own,
+    never the user's `~/.cache` nor another worker's. And torch runs one intra-op thread, in
+    the processes the tests start too: the suite's models are tiny, and a second thread
+    waiting for a busy core (another worker's, another job's) stalls each call for
+    milliseconds (300 calls of the test MLP: 20.8 s with 2 threads on a loaded 2-core
+    machine, 0.9 s with 1)."""
+    cache = tempfile.mkdtemp(prefix="chain-tests-")
+    os.environ["CHAIN_CACHE_DIR"] = cache
+    config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def _cuda_reason() -> str | None:
@@ -87,3 +107,41 @@ def guard_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     yield request.param
     if request.param == "fast":
         assert any(f is not None for f in built), "no winner took the fast path"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A real redis-server for this test process (each xdist worker starts its own, on a
+    free port, in its own folder, no persistence); its port. Test modules take a database
+    each (`redis_url`). Skipped where none can start."""
+    pytest.importorskip("redis", reason="the redis client: pip install 'backend-chain[fleet]'")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    from tests.helpers import free_port
+
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)]
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                pytest.skip(f"redis-server did not start: {proc.stderr.read().decode()[-300:]}")
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.skip("redis-server did not answer within 5 s")
+    yield port
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -185,15 +185,17 @@ class Sleeps:
     """Right answers, slowly: sleeps `seconds` per call (measurably slower than eager).
 
     50 ms by default: longer than the ~24 ms stalls a busy 2-core CPU gives torch's threads.
+    `sleep`: time.sleep, or a virtual clock's (tests/clock.py), which the timing reads alone.
     """
 
-    def __init__(self, seconds: float = 0.05) -> None:
+    def __init__(self, seconds: float = 0.05, sleep: Callable[[float], None] = time.sleep) -> None:
         self.seconds = seconds
+        self.sleep = sleep
         self.__name__ = "sleeps"
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
-            time.sleep(self.seconds)
+            self.sleep(self.seconds)
             return gm(*args)
 
         return run

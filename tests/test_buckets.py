@@ -1,15 +1,16 @@
 """Per-shape buckets (chain.run.buckets): hot shapes of a graph with symbolic sizes served by a
 fixed-shape backend compiled for them, cold ones by the general (symbolic) winner.
 
-The backends registered here are real compilers (static inductor, eager with a sleep, eager
-that fails on demand), each declared with the registry's `dynamic` flag.
+The backends registered here are real compilers (static inductor, eager with a delay, eager
+that fails on demand), each declared with the registry's `dynamic` flag. Their delays are on
+a virtual clock (tests/clock.py) that the timing rounds read: a bucket's decision against the
+general path comes out the same on a loaded machine as on a quiet one.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from backends.errors import InvalidOption
 from backends.registry import registry
 from chain.report.bucket_stats import DEMOTED, EVICTED, LOST, SERVING, BucketStats
 from chain.report.report import Report
+from tests.clock import ROUNDS, VirtualClock
 from tests.models import build_extra
 
 Fn = Callable[..., Any]
@@ -34,9 +36,11 @@ def bert() -> nn.Module:
 
 
 @pytest.fixture
-def backends() -> Iterator[dict[str, Any]]:
+def backends(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """Test backends, registered for the test only; `served[name]` counts calls per length
-    (the size of the last dim of the token ids, the graph's first tensor input of rank 2)."""
+    (the size of the last dim of the token ids, the graph's first tensor input of rank 2).
+    Their delays pass on the virtual clock the timing rounds read."""
+    clock = VirtualClock().install(monkeypatch, ROUNDS)
     served: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
     state: dict[str, Any] = {"served": served, "fail": False, "wrong": False, "compile_wait": None}
 
@@ -47,7 +51,7 @@ def backends() -> Iterator[dict[str, Any]]:
             if name == "flaky_fixed" and state["fail"]:
                 raise RuntimeError("device lost")
             if sleep_s:
-                time.sleep(sleep_s)
+                clock.sleep(sleep_s)
             out = fn(*args)
             if name == "flaky_fixed" and state["wrong"]:  # right shape, wrong values
                 return [o + 1.0 if o.is_floating_point() else o for o in out]
@@ -291,11 +295,17 @@ def test_buckets_off_and_bad_options() -> None:
 # -- buckets in the remembered-decision store (chain.memory) ----------------------------
 
 _PROCESS = """
-import json, sys, time
-import torch
-import chain, chain.select.candidates as candidates
+import json, sys
+import pytest, torch
+import chain, chain.judge.rounds as rounds, chain.select.candidates as candidates
 from backends.registry import registry
+from tests.clock import ROUNDS, VirtualClock
 from tests.models import build_extra
+
+# delays on the virtual clock, and a quiet machine on the timing's evidence: a noisy timing
+# is not remembered (tests/test_decisions.py), and this test is about what is remembered
+clock = VirtualClock().install(pytest.MonkeyPatch(), ROUNDS)
+rounds.running_threads, rounds.load_average = (lambda: None), (lambda: 0.0)
 
 compiled = []
 real = candidates.try_backend
@@ -311,7 +321,7 @@ def static_inductor(gm, example_inputs):
 @registry.register("sleepy_general")
 def sleepy_general(gm, example_inputs):
     def run(*args):
-        time.sleep(0.003)
+        clock.sleep(0.003)
         return gm.forward(*args)
     return run
 

@@ -3,8 +3,9 @@ never timed as a candidate, the eager floor in every mode, noise on the record, 
 nothing noisy remembered.
 
 The verdict logic is tested on constructed timings (no clock involved); the end-to-end
-tests use a real backend that sleeps several milliseconds a call, far above the noise of a
-shared machine, and never assert a speed of their own.
+tests use a real backend 5 ms slower a call than eager on the virtual clock the timing
+reads (tests/clock.py), so the verdict is the same under any load, and never assert a
+speed of their own.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from chain.judge.timing import (
 )
 from chain.report.look import html
 from chain.report.records import Attempt, TimingEvidence
+from tests.clock import ROUNDS, VirtualClock
 from tests.helpers import compile_and_check
 from tests.models import build
 
@@ -55,11 +57,11 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def slow_wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn`, SLEEP_S slower per call: right answers, measurably slower than eager."""
+def slow_wrapper(fn: Callable[..., Any], sleep: Callable[[float], None]) -> Callable[..., Any]:
+    """`fn`, SLEEP_S slower per call (by `sleep`): right answers, measurably slower than eager."""
 
     def run(*args: Any) -> Any:
-        time.sleep(SLEEP_S)
+        sleep(SLEEP_S)
         return fn(*args)
 
     return run
@@ -250,9 +252,10 @@ def test_a_noisy_selection_is_not_remembered_end_to_end(
     eager) runs, its record says noisy, and the store stays empty."""
     monkeypatch.setattr(rounds, "running_threads", lambda: 9)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
+    clock = VirtualClock().install(monkeypatch, ROUNDS)
     model, args = build("mlp")
     backend = chain(
-        lambda gm, ex: slow_wrapper(gm.forward), store=tmp_path, memory=True,
+        lambda gm, ex: slow_wrapper(gm.forward, clock.sleep), store=tmp_path, memory=True,
         measure_budget_s=0.05,
     )  # fmt: skip
     compile_and_check(model, args, backend)
@@ -334,9 +337,12 @@ def test_a_compile_does_not_wait_for_the_compile_it_runs_inside() -> None:
 # -- end to end ---------------------------------------------------------------------------
 
 
-def test_first_mode_keeps_eager_over_a_candidate_slower_with_confidence() -> None:
+def test_first_mode_keeps_eager_over_a_candidate_slower_with_confidence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = VirtualClock().install(monkeypatch, ROUNDS)
     model, args = build("mlp")
-    backend = chain(lambda gm, ex: slow_wrapper(gm.forward), measure_budget_s=0.05)
+    backend = chain(lambda gm, ex: slow_wrapper(gm.forward, clock.sleep), measure_budget_s=0.05)
     compile_and_check(model, args, backend)
     [graph] = backend.report.graphs
     slow, floor = graph.attempts

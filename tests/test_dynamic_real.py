@@ -16,6 +16,7 @@ import chain
 from chain.bench import zoo
 from chain.report.records import Status
 
+pytestmark = pytest.mark.slow  # real transformers models, compiled by several backends
 needs_transformers = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 CALL_TIMEOUT_S = 120  # a hang fails the test instead of stalling the suite
 

@@ -8,11 +8,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
 import socket
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -328,42 +325,13 @@ def test_a_bad_redis_url_is_a_one_line_error_at_chain(
 # -- Redis: every client failure is a warning and a cold start --------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """A real redis-server on a free port (no persistence); skipped where none can start."""
-    pytest.importorskip("redis", reason="the redis client: pip install 'backend-chain[fleet]'")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def redis_url(redis_server: int) -> Iterator[str]:
+    """Database 1 of this process's redis-server (tests/conftest.py), empty at the start."""
     import redis
 
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None:
-                pytest.skip(f"redis-server did not start: {proc.stderr.read().decode()[-300:]}")
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.skip("redis-server did not answer within 5 s")
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    redis.Redis(port=redis_server, db=1).flushdb()
+    yield f"redis://127.0.0.1:{redis_server}/1"
 
 
 @pytest.fixture

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ from backends.errors import InvalidOption
 from chain import Report, Status, chain
 from chain.memory import MemoryWarning, clear, entries, show
 from chain.memory.entry import decode
-from tests.helpers import fresh_process, memory_env
+from tests.helpers import free_port, fresh_process, memory_env
 from tests.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,15 +271,9 @@ def test_two_processes_writing_one_key_leave_a_valid_entry(tmp_path: Path) -> No
     assert [p.name for p in tmp_path.iterdir()] == ["ab" * 16 + ".json"]  # no temp files left
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_unreachable_redis_is_a_warning_and_a_cold_start(compiles: list[str]) -> None:
     pytest.importorskip("redis", reason="the redis client: pip install 'backend-chain[fleet]'")
-    backend = chain("eager", store=f"redis://127.0.0.1:{_free_port()}/0", memory=True)
+    backend = chain("eager", store=f"redis://127.0.0.1:{free_port()}/0", memory=True)
     with pytest.warns(MemoryWarning, match="cold start"):
         record = _run(backend)
     assert record.winner == "eager"
@@ -293,35 +284,12 @@ def test_unreachable_redis_is_a_warning_and_a_cold_start(compiles: list[str]) ->
 
 
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """A real redis-server on a free port (no persistence); skipped where none can start."""
-    pytest.importorskip("redis", reason="the redis client: pip install 'backend-chain[fleet]'")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def redis_url(redis_server: int) -> Iterator[str]:
+    """Database 0 of this process's redis-server (tests/conftest.py), empty at the start."""
     import redis
 
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None:
-                pytest.skip(f"redis-server did not start: {proc.stderr.read().decode()[-300:]}")
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.skip("redis-server did not answer within 5 s")
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    redis.Redis(port=redis_server, db=0).flushdb()
+    yield f"redis://127.0.0.1:{redis_server}/0"
 
 
 def test_redis_store_serves_a_second_chain(redis_url: str, compiles: list[str]) -> None:

@@ -12,10 +12,12 @@ import pytest
 import torch
 from torch import fx
 
-from chain import chain
+from chain import Chain, GraphRecord, chain
 from chain.report.records import Status
 from chain.run.watch.pace import MIN_PAIRS, Pace, slower
+from tests.clock import WATCH, VirtualClock
 from tests.models import build
+from tests.timed import Captured, until_decided
 
 
 def test_pairs_slower_with_confidence_give_the_reason() -> None:
@@ -47,8 +49,10 @@ def test_the_window_keeps_the_recent_pairs() -> None:
     assert pace.pair(None, 1e-3) is None  # no winner figure (eager ran first, none settled)
 
 
-def sleeps_after(calls: int, seconds: float) -> Callable[..., Any]:
-    """A backend: the graph's forward, sleeping `seconds` a call after its first `calls`."""
+def sleeps_after(
+    calls: int, seconds: float, sleep: Callable[[float], None] = time.sleep
+) -> Callable[..., Any]:
+    """A backend: the graph's forward, `sleep`ing `seconds` a call after its first `calls`."""
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         count = [0]
@@ -56,7 +60,7 @@ def sleeps_after(calls: int, seconds: float) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             count[0] += 1
             if count[0] > calls:
-                time.sleep(seconds)
+                sleep(seconds)
             return gm.forward(*args)
 
         return run
@@ -65,24 +69,76 @@ def sleeps_after(calls: int, seconds: float) -> Callable[..., Any]:
     return backend
 
 
-def test_a_winner_that_turns_slow_is_demoted_as_slower(guard_path: str) -> None:
+def _turns_slow(backend: Chain | Captured, calls: int = 300) -> GraphRecord:
+    """`calls` calls of the mlp compiled through `backend`, each checked against eager."""
     model, (x,) = build("mlp")
-    backend = chain(sleeps_after(3, 0.01), "eager", measure=False, reverify_rate=0.05)
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
-        for _ in range(300):
+        for _ in range(calls):
             torch.testing.assert_close(compiled(x), model(x))
-    graph = backend.report.graphs[0]
+    return backend.report.graphs[0]
+
+
+def _demoted_as_slower(graph: GraphRecord) -> None:
     first = graph.attempts[0]
     assert (first.backend, first.status) == ("turns_slow", Status.SLOWER), first
     assert "slower than eager at run time" in first.reason
     assert graph.winner == "eager"
 
 
-def test_a_winner_demoted_at_run_time_forgets_its_stored_decision(tmp_path: Any) -> None:
+def test_a_winner_that_turns_slow_is_demoted_as_slower(
+    guard_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the virtual clock the watch reads (tests/clock.py): 10 ms a call more than eager
+    from its 4th call, whatever the machine's load."""
+    clock = VirtualClock().install(monkeypatch, *WATCH)
+    backend = chain(sleeps_after(3, 0.01, clock.sleep), "eager", measure=False,
+                    reverify_rate=0.05)  # fmt: skip
+    _demoted_as_slower(_turns_slow(backend))
+
+
+def test_a_winner_as_fast_as_eager_stays(guard_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same winner without its delay: every pair a tie on the virtual clock, never a
+    demotion (the demotion above is the delay's, not the watch's own cost)."""
+    VirtualClock().install(monkeypatch, *WATCH)
+    backend = chain(sleeps_after(3, 0.0, lambda s: None), "eager", measure=False,
+                    reverify_rate=0.05)  # fmt: skip
+    graph = _turns_slow(backend)
+    assert graph.winner == "turns_slow" and graph.watch is not None
+    assert graph.watch.reverified >= MIN_PAIRS
+
+
+@pytest.mark.timing
+def test_a_winner_that_turns_slow_is_demoted_on_the_real_clock() -> None:
+    """The same on the real clock: 10 ms of sleep a call. Under load eager's run can take as
+    long, and the pairs decide nothing: retried, then skipped with the load that did it."""
+
+    def attempt() -> tuple[GraphRecord, list[tuple[float, float]]]:
+        capture = Captured(chain(sleeps_after(3, 0.01), "eager", measure=False,
+                                 reverify_rate=0.05))  # fmt: skip
+        graph = _turns_slow(capture)
+        pace = capture.guards[0].active.watch.pace if graph.winner != "eager" else None
+        return graph, list(pace.pairs) if pace is not None else []
+
+    def undecided(result: tuple[GraphRecord, list[tuple[float, float]]]) -> str | None:
+        graph, pairs = result
+        if graph.winner == "eager":
+            return None
+        assert slower(pairs) is None, "the pairs say slower, yet the winner was kept"
+        behind = sum(w > e for w, e in pairs)
+        return f"turns_slow kept: behind eager in {behind} of {len(pairs)} pairs"
+
+    graph, _ = until_decided(attempt, undecided)
+    _demoted_as_slower(graph)
+
+
+def test_a_winner_demoted_at_run_time_forgets_its_stored_decision(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = VirtualClock().install(monkeypatch, *WATCH)
     model, (x,) = build("mlp")
     backend = chain(
-        sleeps_after(3, 0.01),
+        sleeps_after(3, 0.01, clock.sleep),
         "eager",
         measure=False,
         reverify_rate=0.05,

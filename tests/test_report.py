@@ -15,6 +15,7 @@ import torch
 
 from chain import Report, Status, chain, default_backends, last_chain
 from tests import faults
+from tests.clock import ROUNDS, VirtualClock
 from tests.helpers import compile_and_check
 from tests.models import build
 
@@ -260,9 +261,13 @@ def test_table_prints_brackets_literally() -> None:
     assert "pip install 'backend-chain[gpu]'" in Report([record]).render(width=200)
 
 
-def test_error_and_spread_fields_round_trip_and_version_1_loads(tmp_path: Path) -> None:
+def test_error_and_spread_fields_round_trip_and_version_1_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model, args = build("mlp")
-    backend = chain(faults.perturbed, faults.Sleeps())  # a mismatch, a slower, the floor
+    clock = VirtualClock().install(monkeypatch, ROUNDS)  # slower, whatever the load
+    # a mismatch, a slower, the floor
+    backend = chain(faults.perturbed, faults.Sleeps(sleep=clock.sleep))
     with torch.inference_mode():
         compile_and_check(model, args, backend, calls=1)
     wrong, slow, floor = backend.report.graphs[0].attempts

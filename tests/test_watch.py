@@ -18,6 +18,8 @@ from chain.bench import zoo
 from chain.report.records import GraphRecord
 from chain.run.watch import RunChecks
 from chain.run.watch.schedule import AFTER, SETTLED, Schedule
+from tests.clock import WATCH, VirtualClock
+from tests.timed import Captured
 
 pytestmark = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
 
@@ -29,8 +31,12 @@ class LaterWrong:
     tests use measure=False), so run call k + 1 is the guard's call k.
     """
 
-    def __init__(self, spoil: Callable[[int, tuple[Any, ...], list[Any]], list[Any]]) -> None:
-        self.spoil = spoil
+    def __init__(
+        self,
+        spoil: Callable[[int, tuple[Any, ...], list[Any]], list[Any]],
+        cost: Callable[[], None] | None = None,
+    ) -> None:
+        self.spoil, self.cost = spoil, cost  # `cost`: called on each run (a virtual delay)
         self.__name__ = "later_wrong"
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -39,6 +45,8 @@ class LaterWrong:
         def run(*args: Any) -> Any:
             nonlocal calls
             calls += 1
+            if self.cost is not None:
+                self.cost()
             out = list(gm(*args))
             return self.spoil(calls - 1, args, out) if calls > 2 else out
 
@@ -59,22 +67,6 @@ class Switch:
             return gm(*args)
 
         return run
-
-
-class Captured:
-    """A dynamo backend that compiles through `chain_backend` and keeps each guard, so a test
-    can reach its watch; `setup(watch)` runs on each before its first call."""
-
-    def __init__(self, chain_backend: Any, setup: Callable[[Any], None] | None = None) -> None:
-        self.chain, self.setup = chain_backend, setup
-        self.guards: list[Any] = []
-
-    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        guard = self.chain(gm, example_inputs)
-        if self.setup is not None:
-            self.setup(guard.active.watch)
-        self.guards.append(guard)
-        return guard
 
 
 def _demoted(record: GraphRecord) -> str:
@@ -218,11 +210,15 @@ def _every_third(call: int, args: tuple[Any, ...], out: list[Any]) -> list[Any]:
 
 
 def test_nan_every_third_call_never_reaches_the_user_when_every_call_is_scanned(
-    guard_path: str,
+    guard_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """reverify_rate=1 lets the NaN/inf scan take up to half a call: every call is scanned."""
+    """reverify_rate=1 lets the NaN/inf scan take up to half a call: every call is scanned
+    (on the virtual clock, a call of 10 ms and a scan of 1: a scan slowed by load would
+    otherwise take more than half of a call and sample the calls)."""
+    clock = VirtualClock().install(monkeypatch, *WATCH)
     model = zoo.build("bert")
-    backend = chain(LaterWrong(_every_third), "eager", measure=False, reverify_rate=1)
+    winner = LaterWrong(_every_third, lambda: clock.sleep(0.01))
+    backend = chain(winner, "eager", measure=False, reverify_rate=1)
     compiled = torch.compile(model, backend=backend)
     args = zoo.inputs("bert", 0)
     with torch.no_grad():
@@ -293,6 +289,9 @@ def test_calls_around_a_reverification_are_timed_and_booked(
 
     monkeypatch.setattr(Schedule, "timed", record_timed)
     monkeypatch.setattr(Schedule, "done", record_done)
+    # the schedule places re-verifications by what the calls took: on the virtual clock the
+    # same under any load (a preempted call read as the usual one moved them all)
+    VirtualClock().install(monkeypatch, *WATCH)
     capture = Captured(chain(lambda gm, _: gm.forward, "eager", measure=False, reverify_rate=0.05))
     model = zoo.build("bert")
     compiled = torch.compile(model, backend=capture)
@@ -450,7 +449,9 @@ def test_a_winner_that_later_drops_channels_last_is_caught(guard_path: str) -> N
     assert first.reason == "at call 2: output 0 is not channels_last as eager's is"
 
 
-def test_checks_are_counted_on_the_record_and_round_trip() -> None:
+def test_checks_are_counted_on_the_record_and_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    VirtualClock().install(monkeypatch, *WATCH)  # calls 2, 4 and 8 under any load
+
     def fn(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x) * 2
 
