@@ -174,6 +174,10 @@ def compile_healed(
             where,
             one_line(error)[:200],
         )
+        from torch._inductor import cpu_vec_isa
+
+        # inductor keeps the valid ISAs for the process: those the verdict declared valid
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
         try:
             return compile_fn(dict(patches)), dict(patches)
         except Exception as again:
