@@ -150,7 +150,7 @@ def open_trusted(path: str | os.PathLike[str], root: str | os.PathLike[str] | No
             fd = os.open(file.name, _FILE_FLAGS, dir_fd=folder)
         except OSError as error:
             if error.errno == errno.ELOOP:
-                raise Untrusted(f"{file}: a symbolic link") from None
+                raise Untrusted(f"{file}: not a regular file (a symbolic link)") from None
             raise
         shared = bool(os.fstat(folder).st_mode & (stat.S_IXGRP | stat.S_IXOTH))
     finally:
