@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from backends import cancel
 from backends.common.files import atomic_write, read_bounded
 from backends.errors import Unsupported, one_line
 from backends.inductor_package import machine
@@ -164,6 +165,8 @@ def compile_healed(
         return compile_fn(chosen), chosen
     try:
         return compile_fn(chosen), chosen
+    except (Unsupported, cancel.Cancelled):
+        raise  # declined or abandoned: nothing the verdict decided
     except Exception as error:
         where = forget(patches)
         log.warning(

@@ -69,13 +69,14 @@ def _walk(parts: list[str], fd: int, where: str, own_from: int, links: list[int]
         if name == "..":
             raise Untrusted(f"{where}/..: a path to native code never climbs")
         try:
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-        except OSError as error:
-            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
-                os.close(fd)
-                raise
-            child = _follow(fd, name, f"{where}/{name}", links)
-        os.close(fd)
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                child = _follow(fd, name, f"{where}/{name}", links)
+        finally:
+            os.close(fd)
         fd = child
         where = f"{where.rstrip('/')}/{name}"
         why = _why_folder(os.fstat(fd), where, own=depth >= own_from)
