@@ -3,14 +3,18 @@
 A package is a shared library: loading it runs its code. A program file is data from a
 stranger until checked (`chain.load` refuses anything that runs code), so an inductor
 part is exported only under a signing key, `CHAIN_PROGRAM_KEY`, and loads only in a
-process that holds the same key: the body starts with an HMAC-SHA256 of the rest under
-that key, checked (constant time) before anything else is read. No key at export: the
-exporter declines with that reason and the chain exports the next candidate (ONNX
-Runtime); no key, or another key, at load: a `PayloadError` naming the variable, before
-the package is opened. Then the package must have been built for this machine (torch,
-CPU capability and flags; `inductor_package.machine`), else `PayloadMismatch`. CPU only:
-torch's loader crashed the process on a CUDA package (`inductor_package.NO_CUDA`), and
-static shapes only (a program with dynamic shapes gets ONNX Runtime's dynamic axes).
+process that holds the same key. The body is one line with an HMAC-SHA256 under that key
+of what follows: the binding (one JSON line: the part's name, the program id its node
+carries, the input and output specs with strides, the package's SHA-256, the machine)
+and the package. The HMAC is checked (constant time) before anything else is read; the
+package must be the one the binding names and built for this machine (torch, CPU
+capability and flags; `inductor_package.machine`), else `PayloadMismatch`. The runner
+(`BoundRunner`) exposes the binding as `bound`: `chain.deploy` checks it against the
+program's node (part, id, declared outputs, the graph's input specs), and every call's
+inputs and outputs are checked against it. No key at export: the exporter declines with
+that reason and the chain exports the next candidate (ONNX Runtime). CPU only: torch's
+loader crashed the process on a CUDA package (`inductor_package.NO_CUDA`), and static
+shapes only (a program with dynamic shapes gets ONNX Runtime's dynamic axes).
 """
 
 from __future__ import annotations
