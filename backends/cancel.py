@@ -99,3 +99,43 @@ def settle(timeout_s: float) -> bool:
         _SECTION.release()
         return True
     return False
+
+
+# Children a backend runs (inductor's package builds): each registers how to stop it (its
+# process group killed, its folder removed), so a process that leaves never waits on one
+# nor leaves one behind (`abandon_children`, called at exit by chain.select.deferred).
+_children_lock = threading.Lock()
+_children: dict[int, Callable[[], None]] = {}
+_abandoned = threading.Event()
+
+
+@contextlib.contextmanager
+def child(stop: Callable[[], None]) -> Iterator[None]:
+    """Register `stop` (ends a child process, removes what it made) while the block runs;
+    Cancelled at once if the process already abandoned its children."""
+    if _abandoned.is_set():
+        raise Cancelled("the process is leaving: no child is started")
+    with _children_lock:
+        _children[id(stop)] = stop
+    try:
+        yield
+    finally:
+        with _children_lock:
+            _children.pop(id(stop), None)
+
+
+def abandon_children() -> int:
+    """Stop every registered child now, and start none after (the process is leaving);
+    how many were stopped."""
+    _abandoned.set()
+    with _children_lock:
+        stops = list(_children.values())
+        _children.clear()
+    for stop in stops:
+        stop()
+    return len(stops)
+
+
+def abandoned() -> bool:
+    """Whether `abandon_children` ran: work still running was abandoned, not failed."""
+    return _abandoned.is_set()

@@ -93,6 +93,10 @@ def inductor(
         from backends.inductor_graphed import compile_graphed
 
         return compile_graphed(gm, example_inputs, patches)
-    patches = inductor_isa.stable(patches, example_inputs)  # one FX cache key across processes
-    fn = compile_fx(gm, example_inputs, config_patches=patches or None)
+    # one FX cache key across processes; a stale verdict is dropped and the compile retried
+    fn, patches = inductor_isa.compile_healed(
+        lambda chosen: compile_fx(gm, example_inputs, config_patches=chosen or None),
+        patches,
+        example_inputs,
+    )
     return offer_package(fn, gm, example_inputs, patches)

@@ -14,11 +14,14 @@ some build and some do not (an old compiler), or off x86-64 Linux, nothing is se
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import platform
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +29,9 @@ from typing import Any
 
 import torch
 
+from backends import cancel
 from backends.common.files import atomic_write, read_bounded
+from backends.errors import Unsupported, one_line
 from backends.inductor_package import machine
 
 log = logging.getLogger(__name__)
@@ -41,9 +46,46 @@ def _path() -> Path:
     return Path(cache_dir()) / FILE
 
 
+@functools.cache
+def _tool(name: str) -> dict[str, str | None]:
+    """A build tool's identity: its resolved path and a digest of its whole `--version`
+    output (a first line can stay the same across builds of a compiler)."""
+    path = shutil.which(name)
+    if path is None:
+        return {"path": None, "version": None}
+    try:
+        done = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        said = done.stdout + done.stderr + str(done.returncode).encode()
+    except (OSError, subprocess.SubprocessError) as error:
+        said = type(error).__name__.encode()
+    return {"path": os.path.realpath(path), "version": hashlib.sha256(said).hexdigest()[:16]}
+
+
+def _toolchain(patches: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides whether an ISA builds besides the CPU: the compiler and the assembler
+    (path, whole `--version`), and the flags the compiler is given."""
+    from backends.inductor_package import compiler_of
+
+    flags = {k: os.environ.get(k) for k in ("CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CXX", "AS")}
+    cpp = {k: str(v) for k, v in sorted(patches.items()) if k.startswith("cpp.")}
+    return {
+        "cxx": _tool(compiler_of(patches)),
+        "as": _tool(os.environ.get("AS", "as")),
+        "flags": flags,
+        "cpp": cpp,
+    }
+
+
 def machine_key(patches: Mapping[str, Any]) -> str:
-    """What the verdict depends on (torch, the compiler, the CPU's capability and flags)."""
-    facts = machine(torch.device("cpu"), patches)
+    """What the verdict depends on: torch, the CPU's capability and flags, and the compiler
+    and assembler that build the probe (their paths, whole `--version`, flags)."""
+    facts = {**machine(torch.device("cpu"), patches), "toolchain": _toolchain(patches)}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -96,6 +138,59 @@ def remembered(patches: Mapping[str, Any]) -> Verdict:
     except OSError as error:  # UnsafeFile too: nothing lost, the next process probes again
         log.warning("inductor's vector-ISA verdict not kept in %s: %s", path, error)
     return verdict
+
+
+def forget(patches: Mapping[str, Any]) -> str:
+    """Drop this machine's kept verdict (a compile failed under it); the file's path, for
+    the reason that names it."""
+    path, key = _path(), machine_key(patches)
+    verdicts = _verdicts(path)
+    if key in verdicts:
+        del verdicts[key]
+        try:
+            atomic_write(path, json.dumps(verdicts, sort_keys=True))
+        except OSError as error:  # the next process meets it again, and heals again
+            log.warning("inductor's vector-ISA verdict not dropped from %s: %s", path, error)
+    return str(path)
+
+
+def compile_healed(
+    compile_fn: Any, patches: Mapping[str, Any], example_inputs: Sequence[Any]
+) -> tuple[Any, dict[str, Any]]:
+    """`compile_fn(patches)` under the remembered verdict (`stable`), and the patches used.
+    A compile that fails under a verdict this module set drops the verdict (`forget`) and
+    is tried once more without it; a failure then names the verdict's file."""
+    chosen = stable(patches, example_inputs)
+    if SETTING not in chosen or SETTING in patches:
+        return compile_fn(chosen), chosen
+    try:
+        return compile_fn(chosen), chosen
+    except (Unsupported, cancel.Cancelled):
+        raise  # declined or abandoned: nothing the verdict decided
+    except Exception as error:
+        where = forget(patches)
+        log.warning(
+            "inductor failed under the vector-ISA verdict %s=%s kept in %s; dropped, "
+            "compiled again without it (%s)",
+            SETTING,
+            chosen[SETTING],
+            where,
+            one_line(error)[:200],
+        )
+        from torch._inductor import cpu_vec_isa
+
+        # inductor keeps the valid ISAs for the process: those the verdict declared valid
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        try:
+            return compile_fn(dict(patches)), dict(patches)
+        except Exception as again:
+            said = (
+                f"{one_line(again)} (first under the vector-ISA verdict "
+                f"{SETTING}={chosen[SETTING]} kept in {where}, which was dropped)"
+            )
+            if isinstance(again, Unsupported):
+                raise Unsupported(said) from again
+            raise RuntimeError(said) from again
 
 
 def stable(patches: Mapping[str, Any], example_inputs: Sequence[Any]) -> dict[str, Any]:

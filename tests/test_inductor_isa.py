@@ -197,3 +197,96 @@ def test_a_second_process_hits_the_cache_without_probing(tmp_path: Path) -> None
     assert cold["hits"] == 0, cold  # the one probe, in the first process
     assert warm["hits"] >= 1 and warm["builds"] == [], warm
     assert max(cold["error"], warm["error"]) < 1e-5
+
+
+# -- a stale or planted verdict heals (issue 44, item 5) ----------------------------------
+
+# A compiler that cannot build AVX2 code (as an old one cannot build what the CPU lists):
+# g++ behind a script that refuses -mavx2, or, as `broken`, every compile.
+_COMPILER = """#!/bin/sh
+for arg in "$@"; do
+  case "$arg" in
+    --version) exec g++ --version;;
+    {refused}) echo "no such ISA here" >&2; exit 1;;
+  esac
+done
+exec g++ "$@"
+"""
+
+_HEAL = """
+import json, sys
+import torch
+from torch import fx
+from backends import inductor_isa
+from backends.inductor import inductor
+
+patches = {"cpp.cxx": sys.argv[1]}
+path = inductor_isa._path()
+path.parent.mkdir(parents=True, exist_ok=True)
+key = inductor_isa.machine_key(patches)
+path.write_text(json.dumps({key: True}))  # planted (or stale): "every listed ISA builds"
+gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+x = torch.randn(4, 8)
+want = gm(x)
+try:
+    out = inductor(gm, [x], **patches)(x)
+    error = None
+    right = bool(torch.allclose(out[0] if isinstance(out, (list, tuple)) else out, want))
+except Exception as failure:
+    error, right = str(failure), False
+print(json.dumps({"error": error, "right": right, "kept": json.loads(path.read_text()).get(key)}))
+"""
+
+
+def _compiler(folder: Path, refused: str) -> str:
+    path = folder / f"cxx-{len(refused)}"
+    path.write_text(_COMPILER.replace("{refused}", refused))
+    path.chmod(0o755)
+    return str(path)
+
+
+def _heal(tmp_path: Path, refused: str) -> dict[str, object]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+    return fresh_process(_HEAL, _compiler(tmp_path, refused), env=env)
+
+
+@pytest.mark.skipif(not inductor_isa._X86_LINUX, reason="the verdict is kept on x86-64 Linux")
+@pytest.mark.slow
+def test_a_planted_true_verdict_heals(tmp_path: Path) -> None:
+    from torch._inductor import cpu_vec_isa as isa
+
+    if "avx2" not in isa.x86_isa_checker():
+        pytest.skip("this CPU lists no AVX2: the planted verdict changes nothing here")
+    got = _heal(tmp_path, "-mavx2*")
+    assert got["error"] is None and got["right"], got  # compiled again without the verdict
+    assert got["kept"] is not True, got  # and the verdict dropped from the file
+
+
+@pytest.mark.skipif(not inductor_isa._X86_LINUX, reason="the verdict is kept on x86-64 Linux")
+@pytest.mark.slow
+def test_a_failure_under_the_verdict_names_its_file(tmp_path: Path) -> None:
+    got = _heal(tmp_path, "*.cpp")  # nothing compiles: the retry fails too
+    assert got["error"] is not None and inductor_isa.FILE in str(got["error"]), got
+    assert "dropped" in str(got["error"]) and got["kept"] is not True
+
+
+def test_the_key_sees_the_whole_compiler_and_the_assembler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two builds of "the same" compiler: one first line, other details after it
+    keys = set()
+    for build in ("build 1", "build 2"):
+        path = tmp_path / build.replace(" ", "")
+        path.write_text(f'#!/bin/sh\necho "g++ (GCC) 13.2.0"\necho "{build}"\n')
+        path.chmod(0o755)
+        keys.add(inductor_isa.machine_key({"cpp.cxx": str(path)}))
+    assert len(keys) == 2
+    monkeypatch.setenv("AS", str(tmp_path / "build1"))  # another assembler
+    keys.add(inductor_isa.machine_key({"cpp.cxx": str(tmp_path / "build1")}))
+    monkeypatch.setenv("CXXFLAGS", "-O0")  # other flags
+    keys.add(inductor_isa.machine_key({"cpp.cxx": str(tmp_path / "build1")}))
+    assert len(keys) == 4

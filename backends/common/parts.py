@@ -50,6 +50,8 @@ class Part:
     # the PyTorch graph the part replaces, on `example_inputs`: the chain judges the part
     # against it by selection's rule (float64 and eager's own error); None: by tolerances
     graph: Any = field(default=None, compare=False, repr=False)
+    # the program id a signed payload's binding names (its node carries it; "" if none)
+    program: str = ""
 
     @property
     def payload(self) -> bytes:

@@ -11,6 +11,7 @@ raises `RuntimeMissing` or `PayloadMismatch` with one line naming what to do.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -121,24 +122,32 @@ class TensorSpec:
         return dtype
 
 
-def specs_to_str(specs: list[TensorSpec], part: str = "", sha256: str = "") -> str:
+def specs_to_str(
+    specs: list[TensorSpec], part: str = "", sha256: str = "", program: str = ""
+) -> str:
     """The op's string argument (JSON): output specs, and the part and payload it is bound to.
 
     `sha256` is the digest of the whole payload (header and body) the program's node was
     built with; the payload is checked against it when it is loaded (`check_binding`).
+    `program`: the id a signed payload's binding names (its signature covers it), if any.
     """
     outputs = [s.to_json() for s in specs]
     if not sha256:
         return json.dumps(outputs)
-    return json.dumps({"part": part, "sha256": sha256, "outputs": outputs})
+    data: dict[str, Any] = {"part": part, "sha256": sha256, "outputs": outputs}
+    if program:
+        data["program"] = program
+    return json.dumps(data)
 
 
 @dataclass(frozen=True)
 class Binding:
-    """What a program's node says about its payload: the part's name and the payload digest."""
+    """What a program's node says about its payload: the part's name, the payload digest and
+    the program id a signed payload's binding must name."""
 
     part: str
     sha256: str  # empty for programs exported before payloads were bound
+    program: str = ""
 
 
 def _parse(text: str) -> tuple[Binding, list[dict[str, Any]]]:
@@ -148,12 +157,45 @@ def _parse(text: str) -> tuple[Binding, list[dict[str, Any]]]:
         raise PayloadError(f"payload call has unreadable output specs: {error}") from None
     if isinstance(data, list):
         return Binding("", ""), data
-    return Binding(str(data.get("part", "")), str(data.get("sha256", ""))), data["outputs"]
+    binding = Binding(
+        str(data.get("part", "")), str(data.get("sha256", "")), str(data.get("program", ""))
+    )
+    return binding, data["outputs"]
 
 
 def specs_from_str(text: str) -> list[TensorSpec]:
     """The output specs of `specs_to_str`'s string."""
-    return [TensorSpec.from_json(d) for d in _parse(text)[1]]
+    return list(declared_specs(text))
+
+
+@functools.lru_cache(maxsize=512)
+def declared_specs(text: str) -> tuple[TensorSpec, ...]:
+    """The output specs of `specs_to_str`'s string, parsed once per string (checked per call)."""
+    try:
+        return tuple(TensorSpec.from_json(d) for d in _parse(text)[1])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise PayloadError(f"payload call has unreadable output specs: {error}") from None
+
+
+def check_outputs(
+    results: Sequence[torch.Tensor], text: str, inputs: Sequence[torch.Tensor], part: str = ""
+) -> None:
+    """PayloadMismatch unless `results` are what the program's node declares (count, shape,
+    dtype): a payload never answers with tensors its program did not declare."""
+    specs = declared_specs(text)
+    if len(results) != len(specs):
+        raise PayloadMismatch(
+            f"payload of part {part or '?'} returned {len(results)} outputs, its program "
+            f"declares {len(specs)}: refused"
+        )
+    for k, (got, spec) in enumerate(zip(results, specs, strict=True)):
+        want = spec.sizes(inputs) if not spec.static else list(spec.shape)
+        if str(got.dtype).removeprefix("torch.") != spec.dtype or list(got.shape) != want:
+            raise PayloadMismatch(
+                f"payload of part {part or '?'} output {k} is {tuple(got.shape)} "
+                f"{str(got.dtype).removeprefix('torch.')}, its program declares "
+                f"{tuple(want)} {spec.dtype}: refused (edited program or swapped payload)"
+            )
 
 
 def binding_from_str(text: str) -> Binding:

@@ -21,7 +21,7 @@ import torch
 from torch.export.exported_program import ExportedProgram, InputKind
 
 import chain.deploy.ops as ops
-from backends.common.payload import tensor_bytes, unpack
+from backends.common.payload import check_outputs, declared_specs, tensor_bytes, unpack
 from chain.deploy.inputs import InputCheck
 
 _Tensor = torch.Tensor
@@ -33,8 +33,14 @@ _compiling = torch.compiler.is_compiling
 _OP = torch.ops.backend_chain.run_payload.default  # registered by `ops`
 
 
+_is_neg = torch._C.TensorBase.is_neg
+_is_conj = torch._C.TensorBase.is_conj
+
+
 def _plain(x: Any) -> bool:
-    return type(x) is _Tensor and not _requires_grad(x)
+    """A plain tensor the runner's numpy view can read: no gradient, no lazy negative or
+    conjugate bit (a `x.neg()` view: numpy cannot read it; the graph resolves it)."""
+    return type(x) is _Tensor and not _requires_grad(x) and not _is_neg(x) and not _is_conj(x)
 
 
 def _other_mode() -> bool:
@@ -46,9 +52,13 @@ class Direct:
     """The payload's runner for a program that is one CPU payload call (`direct_call`)."""
 
     def __init__(
-        self, positions: tuple[int, ...], plain: Callable[..., Any], index: tuple[int, ...]
+        self,
+        positions: tuple[int, ...],
+        plain: Callable[..., Any],
+        index: tuple[int, ...],
+        outputs: str = "",
     ) -> None:
-        self.plain = plain
+        self.plain = _checked(plain, outputs) if outputs else plain
         self.pick = _getter(positions)
         self.choose = (
             (lambda results: tuple(results))
@@ -90,11 +100,33 @@ class Direct:
                     or x.shape != size
                     or not x.is_cpu
                     or _requires_grad(x)
+                    or _is_neg(x)
+                    or _is_conj(x)
                 ):
                     return graph(*args, **kwargs)
             return unflatten(choose(plain(pick(args))))
 
         return call
+
+
+def _checked(plain: Callable[..., Any], outputs: str) -> Callable[..., Any]:
+    """`plain` whose results are checked against the node's declared outputs (shape and
+    dtype, static specs: a tuple compare per output), as the op checks them."""
+    specs = declared_specs(outputs)
+    if not all(s.static for s in specs):
+        return plain
+    want = [(torch.Size(s.shape), s.torch_dtype) for s in specs]
+
+    def run(xs: Any) -> Any:
+        results = plain(xs)
+        if len(results) != len(want) or any(
+            r.shape != shape or r.dtype is not dtype
+            for r, (shape, dtype) in zip(results, want, strict=False)
+        ):
+            check_outputs(list(results), outputs, list(xs))  # raises, naming what differs
+        return results
+
+    return run
 
 
 def _getter(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -120,7 +152,7 @@ def direct_call(program: ExportedProgram) -> Direct | None:
     plain = getattr(ops.runner_for(payload, torch.device("cpu"), outputs), "plain", None)
     if plain is None:
         return None
-    return Direct(positions, plain, index)
+    return Direct(positions, plain, index, outputs)
 
 
 def _one_call(

@@ -43,6 +43,7 @@ from backends.common.payload import (
     RuntimeMissing,
     binding_from_str,
     check_binding,
+    specs_from_str,
     tensor_bytes,
     unpack,
     verify_body,
@@ -301,11 +302,40 @@ def _check_payloads(name: str, program: torch.export.ExportedProgram) -> None:
             check_binding(binding_from_str(outputs), data)
             header, body = unpack(data)
             verify_body(header, body)
+            _check_declared(header, outputs)
             if header.device == "cpu":  # build the session now: its first call is free
-                ops.runner_for(payload, torch.device("cpu"), outputs)
+                runner = ops.runner_for(payload, torch.device("cpu"), outputs)
+                ops.check_bound_inputs(runner, _input_specs(node.args[0]), node.name)
         except RuntimeMissing:
             raise
         except PayloadMismatch as error:
             raise PayloadMismatch(f"{name}: {error}") from None
         except PayloadError as error:
             raise PayloadError(f"{name}: {error}") from None
+
+
+def _check_declared(header: Any, outputs: str) -> None:
+    """The outputs the node declares are the ones the payload's header names (count,
+    shape, dtype): an edited declaration is refused at load, not met at a call."""
+    declared = [s.to_json() for s in specs_from_str(outputs)]
+    named = [s.to_json() for s in header.outputs]
+    if declared != named:
+        raise PayloadMismatch(
+            f"the program declares outputs {declared[:3]} for a payload whose header says "
+            f"{named[:3]}: refused (edited program or swapped payload)"
+        )
+
+
+def _input_specs(args: Any) -> list[tuple[list[int], str, list[int]]]:
+    """Shape, dtype and strides of a payload call's inputs, as the program's graph says."""
+    specs = []
+    for arg in args:
+        value = getattr(arg, "meta", {}).get("val")
+        if not isinstance(value, torch.Tensor):
+            specs.append(([], type(value).__name__, []))
+            continue
+        shape, stride = list(value.shape), list(value.stride())
+        if not all(type(s) is int for s in (*shape, *stride)):
+            shape, stride = [-1], [-1]  # symbolic sizes: no static binding matches them
+        specs.append((shape, str(value.dtype).removeprefix("torch."), stride))
+    return specs

@@ -19,10 +19,14 @@ import torch
 
 from backends.common.parts import Runner
 from backends.common.payload import (
+    Binding,
     Header,
     PayloadError,
+    PayloadMismatch,
     binding_from_str,
     check_binding,
+    check_outputs,
+    declared_specs,
     specs_from_str,
     tensor_bytes,
     unpack,
@@ -74,8 +78,46 @@ def runner_for(payload: torch.Tensor, device: torch.device, outputs: str = "") -
             runner = build_runner(header, bytes(body), device)
             _runners[cache_key] = runner
             _stats["built"] += 1
+        check_bound(runner, binding_from_str(outputs), outputs)
         _by_tensor[key] = (weakref.ref(payload), runner)
     return runner
+
+
+def check_bound(runner: Runner, binding: Binding, outputs: str) -> None:
+    """A runner whose payload carries a signed binding (`runner.bound`: inductor's packages)
+    serves only the node that binding names: its part, its program id and its declared
+    output specs (shape and dtype); PayloadMismatch otherwise."""
+    bound = getattr(runner, "bound", None)
+    if bound is None:
+        return
+    where = f"payload of part {binding.part or '?'}"
+    if bound.get("part") != binding.part or bound.get("program") != binding.program:
+        raise PayloadMismatch(
+            f"{where} is signed for part {str(bound.get('part'))[:40]!r} of program "
+            f"{str(bound.get('program'))[:16]!r}, this node is part {binding.part[:40]!r} of "
+            f"program {binding.program[:16]!r}: refused (a package moved between programs)"
+        )
+    declared = [(list(s.shape), s.dtype) for s in declared_specs(outputs)]
+    signed = [(list(s.get("shape", [])), s.get("dtype")) for s in bound.get("outputs", [])]
+    if declared != signed:
+        raise PayloadMismatch(
+            f"{where}: the program declares outputs {declared[:4]}, its signed binding "
+            f"{signed[:4]}: refused (edited program or swapped payload)"
+        )
+
+
+def check_bound_inputs(runner: Runner, specs: Sequence[Any], where: str) -> None:
+    """The program's input specs of a node (shape, dtype, strides per input, from its
+    graph) are those the runner's signed binding names; PayloadMismatch otherwise."""
+    bound = getattr(runner, "bound", None)
+    if bound is None:
+        return
+    signed = [(list(s["shape"]), s["dtype"], list(s["stride"])) for s in bound["inputs"]]
+    if list(specs) != signed:
+        raise PayloadMismatch(
+            f"{where}: the program feeds it {list(specs)[:4]}, its signed binding says "
+            f"{signed[:4]}: refused (a package bound to another program)"
+        )
 
 
 def preload(header: Header, body: bytes, device: torch.device) -> Runner:
@@ -121,6 +163,7 @@ def run_payload(
 ) -> list[torch.Tensor]:
     """Run the compiled part in `payload` on `inputs`."""
     results = runner_for(payload, _device_of(inputs), outputs)(inputs)
+    check_outputs(results, outputs, inputs)  # what the node declares, every call (cheap)
     # an op may not return views of its inputs: ORT can hand back an input it passed
     # through unchanged (identity), so such outputs are copied
     seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}

@@ -93,7 +93,7 @@ def _op_call(
     args = [fx.map_arg(a, lambda n: env[n]) for a in node.args]
     payload = graph.get_attr(name)
     specs: list[TensorSpec] = list(part.header.outputs)
-    bound = specs_to_str(specs, part.name, digest(packed))
+    bound = specs_to_str(specs, part.name, digest(packed), part.program)
     call = graph.call_function(
         torch.ops.backend_chain.run_payload.default,
         ([args[i] for i in part.input_positions], payload, bound),

@@ -33,7 +33,7 @@ from chain.memory.stores import (
     check_store,
     open_store,
 )
-from chain.memory.trust import why_untrusted
+from chain.memory.trust import read_native, why_untrusted
 from chain.report.json_fields import short
 from chain.report.records import Attempt, GraphRecord, Status
 
@@ -243,9 +243,19 @@ class Memory:
         if recall.key is None or store is None:
             return None, None
         try:
-            data = store.artefacts().get(recall.key)
+            if native:  # trust decided on the descriptors read, never by path after
+                data, untrusted = read_native(store, recall.key)
+            else:
+                data, untrusted = store.artefacts().get(recall.key), None
         except StoreUnavailable as e:
             return None, self._fail(str(e))
+        if untrusted is not None:
+            note = (
+                f"memory: artefact {recall.key} refused: it holds native code, and it is "
+                f"{untrusted}; {backend} compiled as usual"
+            )
+            _warn(note)
+            return None, note
         if data is None:
             return None, None
         try:
@@ -253,13 +263,6 @@ class Memory:
         except BadEntry as e:
             note = (
                 f"memory: artefact {recall.key} in {store.location} ignored: {e}; "
-                f"{backend} compiled as usual"
-            )
-            _warn(note)
-            return None, note
-        if native and (why := why_untrusted(store, recall.key)) is not None:
-            note = (
-                f"memory: artefact {recall.key} refused: it holds native code, and it is {why}; "
                 f"{backend} compiled as usual"
             )
             _warn(note)

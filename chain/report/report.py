@@ -173,7 +173,10 @@ class Report:
         if not target.parent.is_dir():
             target.parent.mkdir(parents=True, exist_ok=True)
             log.warning("Report.save: created the missing directory %s", target.parent)
-        return atomic_write(target, jf.dumps(self.to_dict(), indent=2, default=str))
+        from chain.report.look.provenance import tagged  # repros trust what this machine wrote
+
+        data = tagged(json.loads(jf.dumps(self.to_dict(), default=str)))
+        return atomic_write(target, jf.dumps(data, indent=2, default=str))
 
     def save_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (chain.report.look.html)."""

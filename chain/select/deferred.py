@@ -11,17 +11,25 @@ not measurably slower. Every outcome, failures included, is a note on the graph'
 (and the report file) and a line on the `chain` logger; a failed or slower build is kept
 with the decision so later processes do not build it again.
 
-The worker is not a daemon: a process that ends while a build runs waits for it (the user's
-calls never do). CHAIN_INDUCTOR_PACKAGE=0, or max_artefact_mb=0, builds none.
+A process never waits silently or unboundedly for a build at exit: when one is queued or
+running, it prints one line to stderr, waits at most CHAIN_EXIT_WAIT_S seconds (default
+5; 0: no wait), and SIGINT ends the wait at once. A build unfinished by then is abandoned:
+its child's process group is killed and its folder removed (`backends.cancel`), the graph's
+note (and the report file) says so, and nothing is kept against it, so a later process
+builds it again. CHAIN_INDUCTOR_PACKAGE=0, or max_artefact_mb=0, builds none.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import inspect
 import logging
+import math
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +39,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends import cancel
 from backends.errors import Unsupported, one_line
 from backends.registry import Artefact, Backend
 from chain.judge.compiles import compiles_running, compiling, lineage, quiet
@@ -95,16 +104,75 @@ def snapshot(reference: Reference) -> Reference:
 _queue: queue.Queue[Build] = queue.Queue()
 _lock = threading.Lock()
 _worker: threading.Thread | None = None
+_current: list[Build] = []  # the build the worker runs now (for the note at exit)
+_exit_hook: list[bool] = []
+EXIT_WAIT_ENV = "CHAIN_EXIT_WAIT_S"
+DEFAULT_EXIT_WAIT_S = 5.0
+
+
+def exit_wait_s() -> float:
+    """How long a leaving process waits for its builds: CHAIN_EXIT_WAIT_S seconds (a
+    number from 0 to 3600; anything else: the default, 5)."""
+    try:
+        value = float(os.environ.get(EXIT_WAIT_ENV, DEFAULT_EXIT_WAIT_S))
+    except ValueError:
+        return DEFAULT_EXIT_WAIT_S
+    return value if math.isfinite(value) and 0 <= value <= 3600 else DEFAULT_EXIT_WAIT_S
 
 
 def submit(build: Build) -> None:
     """Queue `build`; the worker thread starts if none runs."""
     global _worker
     with _lock:
+        if cancel.abandoned():
+            return  # the process is leaving: a later process builds it
         _queue.put(build)
+        if not _exit_hook:
+            atexit.register(at_exit)
+            _exit_hook.append(True)
         if _worker is None:
-            _worker = threading.Thread(target=_work, name="chain-artefacts", daemon=False)
+            _worker = threading.Thread(target=_work, name="chain-artefacts", daemon=True)
             _worker.start()
+
+
+def at_exit() -> None:
+    """At exit: wait for the builds at most `exit_wait_s()`, saying so in one line; SIGINT
+    ends the wait at once. Then abandon what still runs (its graph's note says so)."""
+    with _lock:
+        worker = _worker
+    if worker is None or not worker.is_alive():
+        return
+    bound = exit_wait_s()
+    start = time.monotonic()
+    if bound > 0:
+        try:
+            print(
+                f"backend-chain: waiting up to {bound:g} s for a package build to finish "
+                f"({EXIT_WAIT_ENV}; Ctrl-C skips it, a later process builds it)",
+                file=sys.stderr,
+                flush=True,
+            )
+            worker.join(bound)
+        except KeyboardInterrupt:
+            pass
+    if not worker.is_alive():
+        return
+    abandoned = list(_current)
+    with _lock:
+        while not _queue.empty():
+            abandoned.append(_queue.get_nowait())
+    cancel.abandon_children()
+    waited = time.monotonic() - start
+    for build in abandoned:
+        note = (
+            f"memory: {build.backend.name}'s package build abandoned at exit after "
+            f"{waited:.1f} s ({EXIT_WAIT_ENV}={bound:g}); nothing kept against it: a later "
+            "process builds it"
+        )
+        try:
+            _noted(build, note)
+        except Exception as error:  # the report file may be gone at exit: logged, not lost
+            log.warning("graph %d: %s (not noted: %s)", build.record_id, note, one_line(error))
 
 
 def pending() -> bool:
@@ -133,11 +201,20 @@ def _work() -> None:
             except queue.Empty:
                 _worker = None
                 return
+            _current[:] = [build]
         try:
             note = _run(build)
+        except cancel.Cancelled:
+            return  # abandoned at exit: `at_exit` notes it, nothing is kept against it
         except Exception as error:  # every failure is the graph's note, never lost
+            if cancel.abandoned():
+                return
             log.warning("graph %d: artefact build failed", build.record_id, exc_info=True)
             note = _failed(build, f"its build failed ({one_line(error)})")
+        finally:
+            _current.clear()
+        if cancel.abandoned():
+            return
         _noted(build, note)
 
 
@@ -170,6 +247,8 @@ def _run(build: Build) -> str:
         try:
             artefact = build.build()
         except Unsupported as error:
+            if cancel.abandoned():
+                raise cancel.Cancelled("abandoned at exit") from None
             return _failed(build, f"not built ({error.reason})")
         build_s = time.perf_counter() - start
         options = build.chain.options.get(name, {})

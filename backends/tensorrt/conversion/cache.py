@@ -6,9 +6,11 @@ made the engine's input (torch, the ONNX exporter's packages, backend-chain): an
 any of them is a miss, never a stale engine. Files go through the file layer
 (backends.common.files): writes are atomic (an exclusive temporary file + os.replace) and
 only ever replace regular files; reads are bounded and refuse links, FIFOs and devices; the
-cache folders are created private to the user (0700). A corrupt or refused entry is a
-warning and a miss, never a crash; an entry that cannot be written is a warning, and the
-engine just built is used all the same.
+cache folders are created private to the user (0700). An engine is native code: it is read
+from checked descriptors (`backends.common.trusted`: the cache folders the user's and
+private, their ancestors changeable by no one else), else ignored with a warning. A
+corrupt or refused entry is a warning and a miss, never a crash; an entry that cannot be
+written is a warning, and the engine just built is used all the same.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import fx
 
 from backends.common.files import atomic_write, private_dir, read_bounded
 from backends.common.payload import TensorSpec
+from backends.common.trusted import read_trusted
 from backends.tensorrt.conversion.profiles import Profile
 
 logger = logging.getLogger(__name__)
@@ -113,9 +116,9 @@ class EngineCache:
     def load(self, key: str) -> CachedEngine | None:
         """The cached engine for `key`, or None (a corrupt entry warns and counts as a miss)."""
         engine_path, meta_path = self._paths(key)
-        try:
-            meta = json.loads(read_bounded(meta_path, META_MAX_BYTES))
-            engine = read_bounded(engine_path, ENGINE_MAX_BYTES)
+        try:  # an engine is native code: read from checked descriptors (common.trusted)
+            meta = json.loads(read_trusted(meta_path, META_MAX_BYTES, root=self.directory))
+            engine = read_trusted(engine_path, ENGINE_MAX_BYTES, root=self.directory)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:  # UnsafeFile (a link, FIFO, device) is an OSError

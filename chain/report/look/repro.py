@@ -11,7 +11,8 @@ ones. Nothing from the report is pasted into repro.py.
 Running the repro runs code recorded in the report: `graph.py` is the report's `code`
 field, and the backend is imported from the module or loaded from the script file the
 report names. So `chain repro` asks for `--trust` for a report you did not make
-(`made_by_you`: a file not owned by you, or one others may write).
+(`made_by_you`: one without this machine's keyed tag, `provenance`; a downloaded
+report is a file you own, which proves nothing).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import io
 import json
 import os
 import re
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from backends.common.files import atomic_write
+from backends.common.files import atomic_write, read_bounded
 from chain.report.records import GraphRecord, Status
 from chain.report.report import Report
 
@@ -115,6 +115,7 @@ if __name__ == "__main__":
 '''
 
 MAX_INPUT_BYTES = 1 << 30  # all inputs together: a hostile --size or record is refused
+MAX_REPORT_BYTES = 64 << 20  # as Report.load reads
 _SIZE_SPEC = re.compile(r"([A-Za-z_][A-Za-z0-9_]{0,63})=([0-9]{1,10})")
 _INTS = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
 
@@ -133,14 +134,16 @@ def parse_size(text: str) -> tuple[str, int]:
 
 
 def made_by_you(path: str | os.PathLike[str]) -> str | None:
-    """None when the report at `path` is yours: a file you own that no one else may write.
-    Else why not, in words: its repro would run code someone else recorded."""
-    info = os.stat(path)
-    if info.st_uid != os.geteuid():
-        return f"owned by uid {info.st_uid}, not you"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "writable by others"
-    return None
+    """None when the report at `path` was written by the chain on this machine for this
+    user (its keyed tag, `provenance`), whoever owns the file (a downloaded report is
+    yours too). Else why not, in words: its repro would run code someone else recorded."""
+    from chain.report.look.provenance import why_not_made_here
+
+    try:
+        data = json.loads(read_bounded(path, MAX_REPORT_BYTES, follow_symlinks=True))
+    except (OSError, ValueError, RecursionError) as error:
+        return f"not readable as a report ({type(error).__name__})"
+    return why_not_made_here(data)
 
 
 def _size(dim: Any, sizes: Mapping[str, int]) -> int:
@@ -195,11 +198,24 @@ def example_input(spec: dict[str, Any], sizes: Mapping[str, int], seed: int) -> 
     else:
         data = torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
     try:
-        data = data.to(torch.device(str(spec.get("device", "cpu"))))
-    except (RuntimeError, ValueError) as error:  # no such device here, or not a device
+        data = data.to(_device(spec.get("device", "cpu")))
+    except ReproError:
+        raise
+    except Exception as error:  # no such device here, not a device, no CUDA build: one line
         first = str(error).splitlines()[0][:80] if str(error) else type(error).__name__
         raise ReproError(f"a recorded device not usable here ({first})") from None
     return torch.nn.Parameter(data, requires_grad=False) if spec.get("parameter") else data
+
+
+def _device(text: Any) -> torch.device:
+    """The recorded device, if this machine has it; ReproError in one line otherwise (a
+    report from elsewhere may name `cuda:7`)."""
+    device = torch.device(str(text)[:40])
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ReproError(f"a recorded device not usable here ({device}: {count} CUDA devices)")
+    return device
 
 
 def _inputs(record: GraphRecord, sizes: Mapping[str, int]) -> bytes:
