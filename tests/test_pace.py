@@ -14,7 +14,7 @@ from torch import fx
 
 from chain import chain
 from chain.report.records import Status
-from chain.run.watch.pace import MIN_PAIRS, Pace, slower
+from chain.run.watch.pace import CONFIRM, MIN_PAIRS, Pace, slower
 from tests.models import build
 
 
@@ -42,7 +42,8 @@ def test_the_window_keeps_the_recent_pairs() -> None:
     pace = Pace()
     for _ in range(16):  # fast for a while
         assert pace.pair(0.5e-3, 1e-3) is None
-    reasons = [pace.pair(2e-3, 1e-3) for _ in range(16)]  # then slow: caught within the window
+    # then slow: caught once a window's worth of verdicts in a row says so (chain.run.watch.pace)
+    reasons = [pace.pair(2e-3, 1e-3) for _ in range(16 + CONFIRM)]
     assert reasons[-1] is not None
     assert pace.pair(None, 1e-3) is None  # no winner figure (eager ran first, none settled)
 
@@ -70,7 +71,7 @@ def test_a_winner_that_turns_slow_is_demoted_as_slower(guard_path: str) -> None:
     backend = chain(sleeps_after(3, 0.01), "eager", measure=False, reverify_rate=0.05)
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
-        for _ in range(300):
+        for _ in range(600):
             torch.testing.assert_close(compiled(x), model(x))
     graph = backend.report.graphs[0]
     first = graph.attempts[0]
@@ -94,7 +95,7 @@ def test_a_winner_demoted_at_run_time_forgets_its_stored_decision(tmp_path: Any)
         compiled(x)
         stored = list(tmp_path.glob("**/*.json"))
         assert len(stored) == 1, backend.report.graphs[0].notes  # the decision, remembered
-        for _ in range(300):
+        for _ in range(600):
             compiled(x)
     assert not stored[0].exists()
     notes = backend.report.graphs[0].notes
