@@ -30,11 +30,11 @@ def _bursty(seed: int, slow: float, pairs: int) -> int | None:
         if draw.random() < 0.05:
             burst = draw.randint(1, 30)
 
-        def call() -> float:
-            load = 1 + draw.expovariate(0.5) if burst else 1.0
+        def call(busy: bool) -> float:
+            load = 1 + draw.expovariate(0.5) if busy else 1.0
             return 1e-3 * load * draw.lognormvariate(0, 0.3)
 
-        winner, eager = call() * slow, call()
+        winner, eager = call(burst > 0) * slow, call(burst > 0)
         burst = max(0, burst - 1)
         if watch.pair(winner, eager) is not None:
             return i

@@ -121,7 +121,9 @@ def test_an_update_between_calls_is_served_and_recorded(name: str, update: str) 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("name", ["onnxruntime", "callable"])
-def test_updates_under_each_grad_mode_and_dynamic_shapes(name: str, mode: str, dynamic: bool) -> None:
+def test_updates_under_each_grad_mode_and_dynamic_shapes(
+    name: str, mode: str, dynamic: bool
+) -> None:
     backend = _serve(name, "load_state_dict", mode=mode, dynamic=dynamic)
     assert len(_updates(backend)) >= 2
 
@@ -160,16 +162,16 @@ def test_updates_from_four_threads(name: str) -> None:
             wants = [model(x) for x in xs]
         start = threading.Barrier(4)
 
-        def work(t: int) -> None:
+        def work(t: int, start: threading.Barrier, want: torch.Tensor) -> None:
             start.wait()
             try:
                 with torch.no_grad():
                     for _ in range(5):
-                        torch.testing.assert_close(compiled(xs[t]), wants[t], rtol=1e-4, atol=1e-5)
+                        torch.testing.assert_close(compiled(xs[t]), want, rtol=1e-4, atol=1e-5)
             except BaseException as exc:  # the test's own failure, reported below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        threads = [threading.Thread(target=work, args=(t, start, wants[t])) for t in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -178,7 +180,9 @@ def test_updates_from_four_threads(name: str) -> None:
     assert len(_updates(backend)) == 3, _updates(backend)  # one each, whichever thread saw it
 
 
-def writes_a_weight_in_its_call(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+def writes_a_weight_in_its_call(
+    gm: fx.GraphModule, example_inputs: list[Any]
+) -> Callable[..., Any]:
     """Right on its first call (selection's), then adds 1 to a weight during each call."""
     count = [0]
 

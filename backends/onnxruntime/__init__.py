@@ -29,7 +29,6 @@ from backends.common.onnx_export import OnnxGraph, export_onnx
 from backends.common.ort_session import LEVELS, session_options
 from backends.errors import Unsupported
 from backends.onnxruntime.artefact import from_artefact
-from backends.onnxruntime.refresh import Refresher, initializer_positions, session_with
 from backends.onnxruntime.deploy import export_parts, load_payload
 from backends.onnxruntime.facts import (
     check_inference,
@@ -38,6 +37,7 @@ from backends.onnxruntime.facts import (
     output_nodes,
     output_specs,
 )
+from backends.onnxruntime.refresh import Refresher, initializer_positions, session_with
 from backends.onnxruntime.runtime import (
     Compiled,
     FrozenWeightChanged,

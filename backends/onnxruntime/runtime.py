@@ -287,12 +287,16 @@ class OrtRunner:
             if changes:
                 self._weights_changed(changes[0][0], changes[0][1], args, changes, False)
 
-    def chain_refresh(self, args: Sequence[Any]) -> str | None:
+    def chain_refresh(self, args: Sequence[Any], force: bool = False) -> str | None:
         """The weights in `args` into the session before the next answer (the chain calls
         this when it sees them change between calls): how it was done, or None when
-        nothing frozen changed. FrozenWeightChanged under `on_weight_change="raise"`."""
+        nothing frozen changed (`force`: changed by value with no counter moved, as
+        through `.data`: every frozen weight is taken as changed).
+        FrozenWeightChanged under `on_weight_change="raise"`."""
         with self._lock:
             changes = self._frozen.all_changed(self._frozen_args(args))
+            if force and not changes:
+                changes = [(i, "changed by value") for i in self._frozen.positions]
             moved = [i for i, number in self._scalars if args[i].item() != number]
             if not changes and not moved:
                 return None

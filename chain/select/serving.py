@@ -124,7 +124,8 @@ class Serving:
         if self.watch and isolation is not None and reference.runs is not None:
             # fingerprints in RUN_TIME_PARTS, one per re-verification: a sum over every
             # weight each time cost a tiny BERT's call four times over (its vocabulary)
-            positions = [i for i in isolation.watched if isinstance(reference.runs[i], torch.Tensor)]
+            runs = reference.runs
+            positions = [i for i in isolation.watched if isinstance(runs[i], torch.Tensor)]
             names = [isolation.names[i] for i in positions]
             weights = Weights(positions, names, reference.runs, RUN_TIME_PARTS)
         updates = Updates(weights, stats, self._saved_s(record.id)) if weights else None

@@ -31,7 +31,8 @@ class WeightUpdate:
 
     def __str__(self) -> str:
         took = f" in {self.refresh_s * 1e3:.1f} ms" if self.refresh_s else ""
-        return f"call {self.call}: {self.weights} weight(s) updated, {self.backend} {self.how}{took}"
+        text = f"call {self.call}: {self.weights} weight(s) updated, {self.backend} {self.how}"
+        return text + took
 
 
 @dataclass

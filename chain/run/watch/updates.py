@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.errors import one_line
-
 from chain.run.watch.stats import RunChecks, WeightUpdate
 from chain.run.watch.watch import Demoted, Watch
 from chain.run.watch.weights import Weights
@@ -44,9 +43,7 @@ class Refresh:
     seconds: float
 
 
-def too_often(
-    calls: list[int], refresh_s: float, saved_per_call_s: float | None
-) -> str | None:
+def too_often(calls: list[int], refresh_s: float, saved_per_call_s: float | None) -> str | None:
     """Why updates at `calls` (call numbers, oldest first) come too often for a winner whose
     refresh takes `refresh_s` and that saves `saved_per_call_s` a call over eager (None:
     not timed); None when refreshing pays."""

@@ -47,9 +47,7 @@ class Weights:
         self.positions = tuple(positions)
         self.names = dict(zip(self.positions, names, strict=True))
         self.parts = parts
-        self._get = (
-            operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
-        )
+        self._get = operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
         self.lock = threading.Lock()  # one update handled at a time
         self.turn = 0
         self._take(args)
@@ -117,8 +115,9 @@ class Weights:
             now = self.group_prints[k] if k < len(self.group_prints) else now
         return k, now, quiet
 
-    def across(self, args: Sequence[Any], token: tuple[int, torch.Tensor | None, bool],
-               who: str) -> str | None:
+    def across(
+        self, args: Sequence[Any], token: tuple[int, torch.Tensor | None, bool], who: str
+    ) -> str | None:
         """After the winner's re-verified call: None when it left the weights as they were;
         a reason (values unchanged, a counter moved) to demote it; WeightsDamaged when their
         values changed (no copy is kept to restore them)."""
@@ -140,9 +139,7 @@ class Weights:
     def damaged(self, args: Sequence[Any], who: str, moved: Sequence[int]) -> WeightsDamaged:
         """The error for weights whose values `who` changed during its call."""
         changed = [
-            i
-            for i in self.positions
-            if not Fingerprint.of(args[i]).same_values(self.prints[i])
+            i for i in self.positions if not Fingerprint.of(args[i]).same_values(self.prints[i])
         ] or list(moved)
         named = ", ".join(self.names[i] for i in changed)
         after = {i: (args[i], version(args[i]), Fingerprint.of(args[i])) for i in changed}
