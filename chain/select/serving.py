@@ -128,7 +128,9 @@ class Serving:
             positions = [i for i in isolation.watched if isinstance(runs[i], torch.Tensor)]
             names = [isolation.names[i] for i in positions]
             weights = Weights(positions, names, reference.runs, RUN_TIME_PARTS)
-        updates = Updates(weights, stats, self._saved_s(record.id)) if weights else None
+        updates = None  # none without weights: the guard then reads nothing per call
+        if weights is not None and weights.positions:
+            updates = Updates(weights, stats, self._saved_s(record.id))
 
         # activations: their versions are read every call; the weights' (parameters and
         # buffers) before each call and, with their fingerprints, at each re-verification

@@ -50,10 +50,12 @@ class Weights:
         self._get = operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
         self.lock = threading.Lock()  # one update handled at a time
         self.turn = 0
+        self.epoch = 0  # baselines taken: an update seen during a call voids its verdict
         self._take(args)
 
     def _take(self, args: Sequence[Any]) -> None:
         """Baseline: `args`' weights, their counters and fingerprints."""
+        self.epoch = getattr(self, "epoch", 0) + 1
         tensors = self._got(args)
         self.tensors = tensors
         self.inference = any(t.is_inference() for t in tensors)
@@ -101,12 +103,12 @@ class Weights:
         """The weights in `args` are the user's from now on (after an update)."""
         self._take(args)
 
-    def before(self, args: Sequence[Any]) -> tuple[int, torch.Tensor | None, bool]:
+    def before(self, args: Sequence[Any]) -> tuple[int, torch.Tensor | None, bool, int]:
         """Before a re-verified call: (the part whose fingerprint is compared, its print now,
         whether it moved since the baseline with no counter moving: an update that bypassed
         the counters, taken as the user's and made the baseline)."""
         if not self.groups:
-            return -1, None, False
+            return -1, None, False, self.epoch
         k, self.turn = self.turn, (self.turn + 1) % len(self.groups)
         now = _joined(self.groups[k])
         quiet = not torch.equal(now, self.group_prints[k])
