@@ -232,7 +232,8 @@ class GuardedGraph:
             with weights.lock:
                 if weights.same(args):
                     return out
-                reason = weights.across(args, (-1, None, False), f"{name}, the winner (call {n})")
+                token = (-1, None, False, weights.epoch)
+                reason = weights.across(args, token, f"{name}, the winner (call {n})")
         except WeightsDamaged as exc:
             return self._recover(active, exc, args, kept)
         if reason is None:

@@ -115,15 +115,17 @@ class Weights:
         if quiet:
             self.rebase(args)
             now = self.group_prints[k] if k < len(self.group_prints) else now
-        return k, now, quiet
+        return k, now, quiet, self.epoch
 
     def across(
-        self, args: Sequence[Any], token: tuple[int, torch.Tensor | None, bool], who: str
+        self, args: Sequence[Any], token: tuple[int, torch.Tensor | None, bool, int], who: str
     ) -> str | None:
         """After the winner's re-verified call: None when it left the weights as they were;
         a reason (values unchanged, a counter moved) to demote it; WeightsDamaged when their
         values changed (no copy is kept to restore them)."""
-        k, print_before, _ = token
+        k, print_before, _, epoch = token
+        if epoch != self.epoch:  # another call saw an update meanwhile: not this call's doing
+            return None
         moved = self.changed(args)
         values = moved and any(
             not Fingerprint.of(args[i]).same_values(self.prints[i]) for i in moved
