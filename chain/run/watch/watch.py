@@ -178,6 +178,7 @@ class Watch:
         token = self.weights.before(args) if self.weights is not None else None
         if token is not None and token[2] and self.on_update is not None:
             self.on_update(args)  # refreshed before the winner answers on them
+            token = (*token[:3], self.weights.epoch)  # the baseline the winner's call starts on
         start = time.perf_counter()
         winner_first = timed and self.writes is None and self.stats.reverified % 2 == 1
         held = self._activations(args) if timed else None
