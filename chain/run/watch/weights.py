@@ -48,7 +48,7 @@ class Weights:
         self.names = dict(zip(self.positions, names, strict=True))
         self.parts = parts
         self._get = operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
-        self.lock = threading.Lock()  # one update handled at a time
+        self.lock = threading.RLock()  # one update (or baseline comparison) at a time
         self.turn = 0
         self.epoch = 0  # baselines taken: an update seen during a call voids its verdict
         self._take(args)
@@ -101,21 +101,23 @@ class Weights:
 
     def rebase(self, args: Sequence[Any]) -> None:
         """The weights in `args` are the user's from now on (after an update)."""
-        self._take(args)
+        with self.lock:
+            self._take(args)
 
     def before(self, args: Sequence[Any]) -> tuple[int, torch.Tensor | None, bool, int]:
         """Before a re-verified call: (the part whose fingerprint is compared, its print now,
         whether it moved since the baseline with no counter moving: an update that bypassed
         the counters, taken as the user's and made the baseline)."""
-        if not self.groups:
-            return -1, None, False, self.epoch
-        k, self.turn = self.turn, (self.turn + 1) % len(self.groups)
-        now = _joined(self.groups[k])
-        quiet = not torch.equal(now, self.group_prints[k])
-        if quiet:
-            self.rebase(args)
-            now = self.group_prints[k] if k < len(self.group_prints) else now
-        return k, now, quiet, self.epoch
+        with self.lock:  # not halfway through another call's new baseline
+            if not self.groups:
+                return -1, None, False, self.epoch
+            k, self.turn = self.turn, (self.turn + 1) % len(self.groups)
+            now = _joined(self.groups[k])
+            quiet = not torch.equal(now, self.group_prints[k])
+            if quiet:
+                self.rebase(args)
+                now = self.group_prints[k] if k < len(self.group_prints) else now
+            return k, now, quiet, self.epoch
 
     def across(
         self, args: Sequence[Any], token: tuple[int, torch.Tensor | None, bool, int], who: str
@@ -123,22 +125,23 @@ class Weights:
         """After the winner's re-verified call: None when it left the weights as they were;
         a reason (values unchanged, a counter moved) to demote it; WeightsDamaged when their
         values changed (no copy is kept to restore them)."""
-        k, print_before, _, epoch = token
-        if epoch != self.epoch:  # another call saw an update meanwhile: not this call's doing
-            return None
-        moved = self.changed(args)
-        values = moved and any(
-            not Fingerprint.of(args[i]).same_values(self.prints[i]) for i in moved
-        )
-        if k >= 0 and print_before is not None and k < len(self.groups):
-            values = values or not torch.equal(_joined(self.groups[k]), print_before)
-        if not moved and not values:
-            return None
-        if not values:
-            named = ", ".join(self.names[i] for i in moved)
-            self.rebase(args)
-            return f"changed weight {named} in place during its call (values unchanged)"
-        raise self.damaged(args, who, moved)
+        with self.lock:  # against another call's new baseline
+            k, print_before, _, epoch = token
+            if epoch != self.epoch:  # another call saw an update meanwhile: not this call's doing
+                return None
+            moved = self.changed(args)
+            values = moved and any(
+                not Fingerprint.of(args[i]).same_values(self.prints[i]) for i in moved
+            )
+            if k >= 0 and print_before is not None and k < len(self.groups):
+                values = values or not torch.equal(_joined(self.groups[k]), print_before)
+            if not moved and not values:
+                return None
+            if not values:
+                named = ", ".join(self.names[i] for i in moved)
+                self.rebase(args)
+                return f"changed weight {named} in place during its call (values unchanged)"
+            raise self.damaged(args, who, moved)
 
     def damaged(self, args: Sequence[Any], who: str, moved: Sequence[int]) -> WeightsDamaged:
         """The error for weights whose values `who` changed during its call."""
