@@ -216,7 +216,7 @@ def test_an_output_in_a_buffers_memory_is_caught_by_the_next_reverification(
 
 
 def test_onnxruntime_cpu_call_answers_from_each_reexport() -> None:
-    """The runner's CPU call is a closure over one session: after each re-export the new
+    """The runner's CPU call is a closure over one session: after each refresh the new
     session's answers, that call and the next ones, and a second change re-exports again."""
     pytest.importorskip("onnxruntime")
     from backends.registry import lookup_backend
@@ -236,7 +236,7 @@ def test_onnxruntime_cpu_call_answers_from_each_reexport() -> None:
             for _ in range(2):
                 x = torch.randn(1, 8)
                 torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
-    assert len(runners) == 1 and runners[0].reexports == 2
+    assert len(runners) == 1 and runners[0].refreshes == 2
 
 
 def test_inference_tensors_are_served_without_version_counters(guard_path: str) -> None:

@@ -78,7 +78,7 @@ def test_a_different_buffer_is_a_weight_change() -> None:
         changed = [a * 2 if i == weight else a for i, a in enumerate(args)]
         out = runner(*changed)
     torch.testing.assert_close(out[0], torch.nn.functional.linear(x, model.weight * 2, model.bias))
-    assert runner.reexports == 1 and runner.chain_details["reexports"] == 1
+    assert runner.refreshes == 1 and runner.chain_details["refreshes"] == 1
 
 
 def double_in_place(x: torch.Tensor) -> torch.Tensor:

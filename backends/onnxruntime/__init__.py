@@ -19,6 +19,7 @@ or ORT cannot take, dynamic shapes the exporter cannot express ("dynamic shapes:
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from backends.onnxruntime.facts import (
     output_nodes,
     output_specs,
 )
+from backends.onnxruntime.refresh import Refresher, initializer_positions, session_with
 from backends.onnxruntime.runtime import (
     Compiled,
     FrozenWeightChanged,
@@ -144,11 +146,26 @@ def _compile(
         session = create_session(graph.model, options, chosen)
         return Compiled(graph, session, snapshot_frozen(graph, inputs))
 
+    def update(inputs: Sequence[object], refresher: Refresher) -> Compiled:
+        """The same model, its named initializers given the current weights (no export)."""
+        names, values = refresher.overrides(inputs)
+        graph = runner.graph
+        session, kept = session_with(graph.model, make_options, chosen, names, values)
+        return Compiled(graph, session, snapshot_frozen(graph, inputs), kept)
+
+    def make_options() -> Any:
+        return session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+
+    start = time.perf_counter()
     compiled = build(example_inputs, stored)
+    built_s = time.perf_counter() - start
     facts = details(compiled.graph, chosen, compiled.session)
     if stored is not None:
         facts["from_artefact"] = True  # built from a stored export: nothing exported
-    return OrtRunner(
+    refresher = Refresher(initializer_positions(compiled.graph) if device.type == "cpu" else {})
+    if stored is None:  # an export and a session: what a re-export costs
+        refresher.reexport_s = built_s
+    runner = OrtRunner(
         compiled,
         device=device,
         outputs=specs,
@@ -157,7 +174,10 @@ def _compile(
         on_weight_change=on_weight_change,
         details=facts,
         stream=user_stream(chosen),
+        update=update,
+        refresher=refresher,
     )
+    return runner
 
 
 def onnxruntime_reuse(

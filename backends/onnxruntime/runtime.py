@@ -11,10 +11,14 @@ Frozen weights (ONNX initializers) are checked on every call, in bulk (C-level `
 no per-weight Python code): same tensor objects, same `_version`s (bumped by every
 in-place write, `copy_`, `load_state_dict`). When that fails, each weight is looked at:
 another tensor with equal values (a caller's clone of a buffer) is accepted as is; a real
-change makes the runner re-export (`on_weight_change="reexport"`, the default; counted in
-`chain_details["reexports"]`) or raise `FrozenWeightChanged` (`"raise"`: a chain then
-falls back to its next candidate, which reads the new weights). Writes through `.data`
-(which has its own version counter) are not seen: compile again after those.
+change makes the runner refresh its session before it answers (`on_weight_change="reexport"`,
+the default: new initializer values where the export kept them by name, else a re-export,
+the cheaper as measured: `backends.onnxruntime.refresh`; counted in
+`chain_details["refreshes"]` and `["reexports"]`) or raise `FrozenWeightChanged`
+(`"raise"`: a chain then falls back to its next candidate, which reads the new weights).
+A chain calls `chain_refresh` itself when it sees the weights change between calls, to time
+the refresh and record it. Writes through `.data` (which has its own version counter) are
+not seen here: the chain's re-verifications see them by value.
 
 Inputs the graph writes in place (`OnnxGraph.mutated`) come back as the model's last
 outputs and are copied into the caller's tensors, so the caller sees eager's writes.
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +40,7 @@ import torch
 from backends.common.onnx_export import OnnxGraph
 from backends.errors import Unsupported
 from backends.onnxruntime.artefact import to_artefact
+from backends.onnxruntime.refresh import Refresher, initializer_positions
 from backends.registry import Artefact
 
 log = logging.getLogger(__name__)
@@ -91,11 +98,18 @@ class Frozen:
 
     def changed(self, got: Sequence[Any]) -> tuple[int, str] | None:
         """The first frozen input whose values may differ from the exported ones, and how."""
+        every = self.all_changed(got)
+        return every[0] if every else None
+
+    def all_changed(self, got: Sequence[Any]) -> list[tuple[int, str]]:
+        """Every frozen input whose values may differ from the exported ones, and how."""
+        found: list[tuple[int, str]] = []
         for i, tensor, version, arg in zip(
             self.positions, self.tensors, self.versions, got, strict=True
         ):
             if _version(tensor) != version:
-                return i, "written in place"
+                found.append((i, "written in place"))
+                continue
             if arg is tensor:
                 continue
             same = (
@@ -106,8 +120,8 @@ class Frozen:
                 and torch.equal(arg, tensor)
             )
             if not same:
-                return i, "replaced by a different tensor"
-        return None
+                found.append((i, "replaced by a different tensor"))
+        return found
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,7 @@ class Compiled:
     graph: OnnxGraph
     session: Any
     frozen: Frozen | tuple[()] = ()
+    kept: tuple[Any, ...] = ()  # the OrtValues of initializers added to the session
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -141,6 +156,8 @@ class OrtRunner:
         single_output: bool,
         rebuild: Callable[[Sequence[object]], Compiled] | None,
         on_weight_change: str = "reexport",
+        update: Callable[[Sequence[object], Refresher], Compiled] | None = None,
+        refresher: Refresher | None = None,
         details: dict[str, Any] | None = None,
         stream: int | None = None,
     ) -> None:
@@ -154,9 +171,19 @@ class OrtRunner:
         self._on_change = on_weight_change
         self._stream = stream
         self.chain_details: dict[str, Any] = dict(details or {})
+        self._update = update
+        self.refresher = refresher or Refresher({})
+        self._lock = threading.Lock()  # one refresh at a time; a thread that waited re-checks
         self.reexports = 0
+        self.updates = 0  # initializer updates (no export)
         self.chain_details["reexports"] = 0
+        self.chain_details["refreshes"] = 0
         self._use(compiled)
+
+    @property
+    def refreshes(self) -> int:
+        """Weight refreshes so far: re-exports and initializer updates."""
+        return self.reexports + self.updates
 
     def _use(self, compiled: Compiled) -> None:
         self._compiled = compiled
@@ -235,7 +262,9 @@ class OrtRunner:
             self._check_frozen(args, got)
         for i, number in self._scalars:
             if args[i].item() != number:
-                self._weights_changed(i, "a different value", args)
+                with self._lock:
+                    if args[i].item() != dict(self._scalars).get(i, number):
+                        self._weights_changed(i, "a different value", args)
                 break
         if self._cpu:
             feeds = {name: args[i].numpy() for name, i in self._feeds}
@@ -251,19 +280,68 @@ class OrtRunner:
         return outs[0] if self._single else tuple(outs)
 
     def _check_frozen(self, args: Sequence[Any], got: Sequence[Any]) -> None:
-        """The slow path, when the bulk check failed: re-export only on a real change."""
-        change = self._frozen.changed(got)
-        if change is not None:
-            self._weights_changed(change[0], change[1], args)
+        """The slow path, when the bulk check failed: refresh only on a real change (a
+        thread that waited for another's refresh finds nothing left to do)."""
+        with self._lock:
+            changes = self._frozen.all_changed(self._frozen_args(args))
+            if changes:
+                self._weights_changed(changes[0][0], changes[0][1], args, changes, False)
 
-    def _weights_changed(self, position: int, how: str, args: Sequence[Any]) -> None:
+    def chain_refresh(self, args: Sequence[Any], force: bool = False) -> str | None:
+        """The weights in `args` into the session before the next answer (the chain calls
+        this when it sees them change between calls): how it was done, or None when
+        nothing frozen changed (`force`: changed by value with no counter moved, as
+        through `.data`: every frozen weight is taken as changed).
+        FrozenWeightChanged under `on_weight_change="raise"`."""
+        with self._lock:
+            changes = self._frozen.all_changed(self._frozen_args(args))
+            if force and not changes:
+                changes = [(i, "changed by value") for i in self._frozen.positions]
+            moved = [i for i, number in self._scalars if args[i].item() != number]
+            if not changes and not moved:
+                return None
+            first = changes[0] if changes else (moved[0], "a different value")
+            return self._weights_changed(first[0], first[1], args, changes, bool(moved))
+
+    def _weights_changed(
+        self,
+        position: int,
+        how: str,
+        args: Sequence[Any],
+        changes: Sequence[tuple[int, str]] = (),
+        scalars: bool = True,
+    ) -> str:
+        """Refresh the session on `args`' weights: initializer values where every changed
+        one kept its initializer and that measured cheaper, else a re-export."""
         message = f"frozen weight (graph input {position}) changed after export ({how})"
         if self._on_change == "raise" or self._rebuild is None:
             raise FrozenWeightChanged(message + "; compile again to pick it up")
-        log.warning("%s: re-exporting the ONNX model", message)
-        self._use(self._rebuild(args))
-        self.reexports += 1
+        refresher = self.refresher
+        changed = [i for i, _ in changes]
+        start = time.perf_counter()
+        if (
+            self._update is not None
+            and not scalars
+            and refresher.can_update(changed)
+            and refresher.prefer_update()
+        ):
+            refresher.dirty.update(changed)
+            self._use(self._update(args, refresher))
+            refresher.update_s = time.perf_counter() - start
+            self.updates += 1
+            done = f"initializers updated in {refresher.update_s * 1e3:.1f} ms"
+        else:
+            log.warning("%s: re-exporting the ONNX model", message)
+            self._use(self._rebuild(args))
+            refresher.dirty.clear()
+            if refresher.mapped:  # the new export's initializers, by name
+                refresher.mapped = initializer_positions(self._compiled.graph)
+            refresher.reexport_s = time.perf_counter() - start
+            self.reexports += 1
+            done = f"re-exported in {refresher.reexport_s * 1e3:.1f} ms"
         self.chain_details["reexports"] = self.reexports
+        self.chain_details["refreshes"] = self.refreshes
+        return done
 
     def _run_cuda(self, args: Sequence[Any]) -> list[torch.Tensor]:
         """IOBinding on torch memory; outputs of static shape allocated by torch.

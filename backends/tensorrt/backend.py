@@ -62,7 +62,9 @@ def tensorrt_backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor], **o
             f"no block for TensorRT: {summarize(the_plan.result.fallback)}",
             detail=str(the_plan.result.details("tensorrt")),
         )
-    return build(the_plan, example_inputs, settings, dynamic=bool(symbolic))
+    compiled = build(the_plan, example_inputs, settings, dynamic=bool(symbolic))
+    compiled.rebuild = lambda args: tensorrt_backend(gm, args, **options)  # new weights
+    return compiled
 
 
 def build(

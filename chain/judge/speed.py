@@ -177,6 +177,16 @@ class SpeedRules:
         )
 
 
+def floor_at_run_time(eager: Timing | None) -> Attempt:
+    """Eager after a winner failed at run time and no later backend of the chain passed:
+    the last resort, whatever the chain lists (a run-time fallback never leaves a call
+    without an answer)."""
+    attempt = SpeedRules.floor_attempt(eager)
+    return dataclasses.replace(
+        attempt, reason="the last resort at run time: no later backend of the chain passed"
+    )
+
+
 def not_decided(record: GraphRecord) -> str | None:
     """Why a graph's decision is not decided enough to remember: it compared speeds (a
     candidate other than eager was timed) and its timing was noisy, or its winner was

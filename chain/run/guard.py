@@ -15,6 +15,7 @@ from torch import fx
 from backends.errors import BackendExit, one_line
 from chain.run.watch import Demoted, InputsWritten, Watch
 from chain.run.watch.fast import NOT_RUN, Slow, fast_path
+from chain.run.watch.updates import Updates
 from chain.select.isolation import WeightsDamaged
 
 log = logging.getLogger("chain")
@@ -75,6 +76,7 @@ class GuardedGraph:
         "damaged",
         "gm",
         "graph_id",
+        "updates",
         "watch_for",
     )
 
@@ -87,15 +89,17 @@ class GuardedGraph:
         backend_index: int,
         watch_for: Callable[[str], Watch | None] | None = None,
         buckets: Buckets | None = None,
+        updates: Updates | None = None,
     ) -> None:
         self.chain = chain
+        self.updates = updates  # the weights between calls (chain.run.watch.updates)
         self.buckets = buckets  # per-shape buckets (chain.run.buckets); None: the winner only
         self.graph_id = graph_id
         self.gm = gm
         self.watch_for = watch_for
         winner = chain.backend_name(backend_index)
         self.chain_details = {"graph": graph_id, "winner": winner}
-        self.active = _active(fn, backend_index, watch_for(winner) if watch_for else None)
+        self.active = self._active(fn, backend_index, watch_for(winner) if watch_for else None)
         self.damaged: WeightsDamaged | None = None  # set: every call raises until reloaded
 
     @property
@@ -117,7 +121,13 @@ class GuardedGraph:
         """Run `fn` from now on: the callable of `winner`, at `backend_index` in the chain."""
         watch = self.watch_for(winner) if self.watch_for else None
         self.chain_details["winner"] = winner
-        self.active = _active(fn, backend_index, watch)
+        self.active = self._active(fn, backend_index, watch)
+
+    def _active(self, fn: Callable[..., Any], backend_index: int, watch: Watch | None) -> Active:
+        """The winner with its watch, told how to report an update it sees by value."""
+        if watch is not None and self.updates is not None:
+            watch.on_update = self._quiet_update
+        return _active(fn, backend_index, watch)
 
     def bucket_watch(self, winner: str) -> Watch | None:
         """The run-time checks for a bucket `winner` serves (chain.run.buckets): the graph's own,
@@ -130,6 +140,11 @@ class GuardedGraph:
     def __call__(self, *args: Any) -> Any:
         if self.damaged is not None:
             self._still_damaged()
+        updates = self.updates
+        if updates is not None:
+            updates.call = next(updates.calls)
+            if not updates.weights.same(args):  # the user's update: refreshed before the call
+                self._updated(args)
         if self.buckets is not None and (served := self.buckets.pick(args, self)) is not None:
             try:  # a hot shape's bucket, watched as a winner is
                 out, n, reason = self._bucket_call(*served, args)
@@ -165,6 +180,8 @@ class GuardedGraph:
         except SystemExit as exc:
             return self._recover(active, BackendExit(exc), args, None)
         if type(out) is not Slow:
+            if updates is not None and not updates.weights.same(args):
+                return self._moved(active, watch.stats.calls, args, out, None)
             return out
         return self._watched(active, watch, args, out.n, out.scan, out.out, out.versions)
 
@@ -198,7 +215,56 @@ class GuardedGraph:
             self._written(active, n, moved, args)
         if reason is not None:
             return self._recover(active, Demoted(n, reason), args, kept)
+        if self.updates is not None and not self.updates.weights.same(args):
+            return self._moved(active, n, args, out, kept)
         return out
+
+    def _moved(
+        self, active: Active, n: int, args: tuple[Any, ...], out: Any, kept: dict[int, Any] | None
+    ) -> Any:
+        """A weight's counter moved during the winner's call `n`: damage (WeightsDamaged when
+        its values changed, a demotion when they did not); else `out` (another thread's
+        update came in meanwhile: the next call sees it)."""
+        assert self.updates is not None
+        name = self.chain.backend_name(active.backend_index)
+        weights = self.updates.weights
+        try:
+            with weights.lock:
+                if weights.same(args):
+                    return out
+                token = (-1, None, False, weights.epoch)
+                reason = weights.across(args, token, f"{name}, the winner (call {n})")
+        except WeightsDamaged as exc:
+            return self._recover(active, exc, args, kept)
+        if reason is None:
+            return out
+        return self._recover(active, Demoted(n, reason), args, kept)
+
+    def _updated(self, args: tuple[Any, ...]) -> None:
+        """The weights changed between calls: the winner refreshes the ones it froze (timed),
+        or reads them live; too frequent for refreshing, it steps down. Recorded."""
+        updates = self.updates
+        assert updates is not None
+        with updates.weights.lock:
+            changed = updates.weights.changed(args)
+            if not changed:
+                return  # another thread's call handled it
+            self._refresh(args, len(changed), False)
+
+    def _quiet_update(self, args: Any) -> None:
+        """A re-verification found weights changed by value with no counter moved (a write
+        through `.data`): an update too, refreshed before the winner's call."""
+        self._refresh(tuple(args), 0, True)
+
+    def _refresh(self, args: tuple[Any, ...], changed: int, force: bool) -> None:
+        """The winner's answer to an update (chain.run.watch.updates); a failed refresh, or
+        one not worth it, moves the graph to the next backend."""
+        assert self.updates is not None
+        active = self.active
+        winner = str(self.chain_details["winner"])
+        failure = self.updates.apply(active.fn, winner, active.watch, args, changed, force)
+        if failure is not None:
+            self._fall_back(active, failure, args)
 
     def _bucket_call(
         self, fn: Callable[..., Any], watch: Watch | None, args: tuple[Any, ...]

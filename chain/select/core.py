@@ -15,7 +15,7 @@ from torch import fx
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain.judge.accuracy import relative_errors
-from chain.judge.speed import EAGER, SpeedRules
+from chain.judge.speed import EAGER, SpeedRules, floor_at_run_time
 from chain.judge.timing import Timing
 from chain.memory import Memory, Recall, enabled_by_env
 from chain.report import graphinfo
@@ -26,6 +26,7 @@ from chain.report.report_file import ReportFile
 from chain.run.graphs import GraphsStage, base_name, mark
 from chain.run.guard import _FALLBACK, GuardedGraph
 from chain.run.watch import Demoted, TooSlow
+from chain.run.watch.updates import UpdatesOften
 from chain.select import recompiles, torch_modes
 from chain.select.attempt import dynamo_signal, one_line
 from chain.select.candidates import Candidates
@@ -225,13 +226,13 @@ class Chain(Remembered, Serving, Candidates):
         if winner is None:
             raise AllCandidatesFailed(record)
         log.info("graph %d: %s", record.id, record.winning_attempt)
-        watch_for = self._watch_for(record, gm, reference, errors or reference.recorded)
+        watch_for, updates = self._watch_for(record, gm, reference, errors or reference.recorded)
         kept = recall if self.memory is not None and recall is not None else None
         if kept is not None:  # a winner demoted at run time forgets its stored decision
             self._recalls[record.id] = kept
         buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
         index = self._index(winner)
-        return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets)
+        return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets, updates)
 
     def _save(self) -> None:
         """Rewrite the report file, if there is one (one writer at a time)."""
@@ -284,13 +285,18 @@ class Chain(Remembered, Serving, Candidates):
         new, fns, eager = self._run_candidates(
             guard.gm, inputs, reference, start=guard.backend_index + 1
         )
+        won = any(a.status is Status.WON for a in new)
+        if not won and base_name(failed_name) != EAGER:  # eager: always the last resort at
+            new.append(floor_at_run_time(eager))  # run time, whatever the chain lists
+            fns[EAGER] = guard.gm.forward
         by_name = {a.backend: a for a in new}
+        slower = isinstance(exc, (TooSlow, UpdatesOften))
         attempts = tuple(
             dataclasses.replace(
                 a,
-                status=Status.SLOWER if isinstance(exc, TooSlow) else Status.MISMATCH,
+                status=Status.SLOWER if slower else Status.MISMATCH,
                 reason=str(exc),
-                error_type=type(exc).__name__ if isinstance(exc, TooSlow) else "Mismatch",
+                error_type=type(exc).__name__ if slower else "Mismatch",
                 traceback=None,
             )
             if a.backend == failed_name and demoted
@@ -309,7 +315,8 @@ class Chain(Remembered, Serving, Candidates):
         attempts += tuple(a for a in new if a.backend not in known)
         record = self._finish(record, attempts, eager)
         recall = self._recalls.get(guard.graph_id)
-        if demoted and recall is not None and self.memory is not None:
+        forget = demoted and not isinstance(exc, UpdatesOften)  # updates are this run's
+        if forget and recall is not None and self.memory is not None:
             note = self.memory.forget(recall, f"{failed_name} demoted at run time")
             record = dataclasses.replace(record, notes=(*record.notes, note))
             self.report.graphs[record.id] = record

@@ -20,6 +20,8 @@ from chain.run.buckets import Buckets, BucketStats, Selection, ShapeKey
 from chain.run.buckets import remembered as bucket_memory
 from chain.run.graphs import base_name
 from chain.run.watch import Expected, RunChecks, Watch, Writes
+from chain.run.watch.updates import Updates
+from chain.run.watch.weights import Weights
 from chain.select.attempt import Reference
 from chain.select.isolation import RUN_TIME_PARTS
 
@@ -92,7 +94,7 @@ class Serving:
         gm: fx.GraphModule,
         reference: Reference,
         recorded: Sequence[float | None] | None,
-    ) -> Callable[[str], Watch | None]:
+    ) -> tuple[Callable[[str], Watch | None], Updates | None]:
         """The run-time checks for each winner the graph will have (chain.run.watch), from what
         selection found: eager's outputs, the inputs it wrote, whether float64 ran and
         eager's error against it (`recorded`, per output). The counters go on the record."""
@@ -117,18 +119,22 @@ class Serving:
             stats.unchecked += expected.unchecked
         self.report.graphs[record.id] = dataclasses.replace(record, watch=stats)
 
-        weights = None  # fingerprints of the weights as selection leaves them, no copies
-        if self.watch and reference.isolation is not None and reference.runs is not None:
+        weights = None  # the weights as selection leaves them (chain.run.watch.weights)
+        isolation = reference.isolation
+        if self.watch and isolation is not None and reference.runs is not None:
             # fingerprints in RUN_TIME_PARTS, one per re-verification: a sum over every
             # weight each time cost a tiny BERT's call four times over (its vocabulary)
-            weights = reference.isolation.watch(
-                reference.runs, snapshots=False, parts=RUN_TIME_PARTS
-            )
+            runs = reference.runs
+            positions = [i for i in isolation.watched if isinstance(runs[i], torch.Tensor)]
+            names = [isolation.names[i] for i in positions]
+            weights = Weights(positions, names, reference.runs, RUN_TIME_PARTS)
+        updates = None  # none without weights: the guard then reads nothing per call
+        if weights is not None and weights.positions:
+            updates = Updates(weights, stats, self._saved_s(record.id))
 
         # activations: their versions are read every call; the weights' (parameters and
-        # buffers) with their fingerprints at each re-verification
-        isolation = reference.isolation if weights is not None else None
-        weights_at = set(isolation.watched) if isolation is not None else set()
+        # buffers) before each call and, with their fingerprints, at each re-verification
+        weights_at = set(isolation.watched) if weights is not None and isolation else set()
         activations = [
             i
             for i, x in enumerate(reference.runs or ())
@@ -148,14 +154,25 @@ class Serving:
                 reverify_rate=self.reverify_rate if expected is not None else 0.0,
                 tolerances=self.tolerances,
                 fp64=reference.fp64 is not None or reference.later is not None,
-                # WeightsDamaged names the backend: "<winner>, the winner (at run time, call n)"
-                weights=(lambda who: weights.check(f"{winner}, {who}"))
-                if weights is not None
-                else None,
+                weights=weights,
+                name=winner,  # WeightsDamaged: "<winner>, the winner (at run time, call n)"
                 versioned=activations,
                 recorded=recorded,
                 reductions=reference.reductions,
                 pace=self.eager_floor,  # eager takes over a slow winner only as the floor
             )
 
-        return watch_for
+        return watch_for, updates
+
+    def _saved_s(self, graph_id: int) -> Callable[[str], float | None]:
+        """Per winner of the graph: what it saves a call over eager, as selection timed it
+        (None: not timed), for the weights' updates to weigh refreshes against."""
+
+        def saved(winner: str) -> float | None:
+            record = self.report.graphs[graph_id]
+            won = next((a for a in record.attempts if a.backend == winner), None)
+            if won is None or won.latency_ms is None or record.eager_ms is None:
+                return None
+            return (record.eager_ms - won.latency_ms) / 1e3
+
+        return saved

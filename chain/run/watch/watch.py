@@ -32,6 +32,7 @@ from chain.run.watch.pace import Pace
 from chain.run.watch.reuse import Reuse
 from chain.run.watch.schedule import SETTLED, Schedule
 from chain.run.watch.stats import RunChecks
+from chain.run.watch.weights import Weights
 from chain.run.watch.writes import Writes
 
 # The NaN/inf scan (one sum per CPU output) may cost this share of a call (or half the
@@ -73,7 +74,8 @@ class Watch:
         reverify_rate: float,
         tolerances: dict[torch.dtype, tuple[float, float]] | None,
         fp64: bool,
-        weights: Callable[[str], str | None] | None = None,
+        weights: Weights | None = None,
+        name: str = "",
         versioned: Sequence[int] = (),
         recorded: Sequence[float | None] | None = None,
         reductions: Sequence[int] = (),
@@ -91,7 +93,10 @@ class Watch:
         self.fp64 = fp64
         self.recorded = tuple(recorded) if recorded is not None else None
         self.reductions = tuple(reductions)
-        self.weights = weights  # at each re-verification: did a winner change a weight?
+        self.weights = weights  # at each re-verification: did the winner's call change one?
+        self.name = name  # the winner's, for WeightsDamaged
+        # the guard's: an update seen by value (no counter moved) before a re-verified call
+        self.on_update: Callable[[Sequence[Any]], None] | None = None
         written = set(writes.positions) if writes is not None else set()
         self.versioned = tuple(i for i in versioned if i not in written)
         self.counter = itertools.count(1)  # next() is atomic: call numbers under threads
@@ -170,13 +175,18 @@ class Watch:
         Returns the winner's output and why it is wrong (None: it matches eager); raises
         TooSlow for a right winner that is slower than eager with confidence.
         """
+        token = self.weights.before(args) if self.weights is not None else None
+        if token is not None and token[2] and self.on_update is not None:
+            self.on_update(args)  # refreshed before the winner answers on them
+            token = (*token[:3], self.weights.epoch)  # the baseline the winner's call starts on
         start = time.perf_counter()
         winner_first = timed and self.writes is None and self.stats.reverified % 2 == 1
         held = self._activations(args) if timed else None
         wrote = None
         if winner_first:
+            call_start = time.perf_counter()  # the copies for the check are not the call's
             out = run()
-            call_s = time.perf_counter() - start
+            call_s = time.perf_counter() - call_start
             wrote = _restored(args, held) if held else None  # put back before eager reads
             eager_args = before = list(args)
         else:
@@ -209,8 +219,9 @@ class Watch:
         # the activations eager leaves alone: as they were? (a `.data` write, or an inference
         # tensor's: no version counter moves)
         reason = wrote or reason
-        if self.weights is not None:  # writes behind version counters; WeightsDamaged when
-            damaged = self.weights(f"the winner (at run time, call {n})")  # values changed
+        if self.weights is not None and token is not None:  # changed across the call: damage
+            who = f"{self.name}, the winner (at run time, call {n})"
+            damaged = self.weights.across(args, token, who)  # WeightsDamaged: values changed
             reason = reason or damaged
         cost_s = time.perf_counter() - start - call_s
         slow = None
