@@ -189,9 +189,11 @@ def prepare_graph(
         attr.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
         nodes[i].replace_all_uses_with(attr)
     carriers: list[int] = []
+    read: list[int] = []  # the int inputs the graph reads (derived, inlined or carried)
     for i in sorted(symints):
         if not nodes[i].users:
             continue  # e.g. a dynamic stride dynamo guards on but the graph never reads
+        read.append(i)
         value = _traced(nodes[i], example_inputs[i])
         if not isinstance(value, torch.SymInt):
             raise Unsupported(
@@ -227,7 +229,7 @@ def prepare_graph(
     graph.lint()
     module.recompile()
     frozen_tensors = tuple(sorted(frozen_set - set(scalars)))
-    derived = tuple(sorted(symints - set(carriers)))
+    derived = tuple(i for i in read if i not in carriers)  # an unread int is not fed at all
     return PreparedGraph(
         module, kept, frozen_tensors, derived, scalars, decomposed, tuple(carriers)
     )

@@ -162,12 +162,22 @@ def _exported_parts(
         except Unsupported as why:
             declined.append(f"{name} not exported: {why.reason}")
             continue
+        if exported is None:  # the hook has nothing of this graph: say how it fared
+            how = f": {one_line_reason(attempt.reason)}" if attempt.reason else ""
+            declined.append(f"{name} not exported: {attempt.status.value} here{how}")
+            continue
         if exported is not None:
             if declined:
                 exported.note += f" ({'; '.join(declined)})"
             return exported, (None if won else attempt)
     why = "".join(f"; {d}" for d in declined)
     return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph{why})"), None
+
+
+def one_line_reason(reason: str, limit: int = 160) -> str:
+    """An attempt's reason cut to one short line for a note."""
+    line = reason.splitlines()[0] if reason else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _exportable(name: str) -> bool:
