@@ -12,6 +12,7 @@ import torch
 
 import chain
 from chain.bench import causal_lm
+from chain.deploy.capture import CaptureError
 from tests.helpers import fresh_process
 from tests.models import build_extra
 
@@ -67,3 +68,17 @@ def test_a_declined_winner_says_why_per_part() -> None:
     note = next(n for n in result.notes if n.startswith("export:"))
     assert "onnxruntime declined it" in note, note
     assert "aten.kthvalue" in note and "no ONNX translation" in note, note
+
+
+def test_args_must_be_a_tuple_as_torch_export_says() -> None:
+    """A lone tensor used to be iterated row by row ("too many positional arguments")."""
+    model, (x,) = build_extra("kthvalue")
+    with pytest.raises(TypeError, match=r"tuple of example positional inputs.*\(x,\)"):
+        chain.export(model, x, backend=chain.chain("eager"))  # type: ignore[arg-type]
+
+
+@needs_transformers
+def test_a_cache_in_the_output_suggests_use_cache_false() -> None:
+    model = causal_lm.build("llama")
+    with pytest.raises(CaptureError, match=r"use_cache=False"):
+        chain.export(model, (causal_lm.prompt(1),), backend=chain.chain("eager"))
