@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import chain
 from chain.bench import causal_lm
+from chain.dynamo import default_backends
 
 BACKENDS = ("eager", "inductor", "chain", "fastest")
 DYNAMIC: dict[str, bool | None] = {"default": None, "true": True}
@@ -39,8 +40,8 @@ def backend_for(name: str) -> tuple[Any, chain.Chain | None]:
     """The torch.compile backend for `name` and the chain behind it (for its report)."""
     if name == "inductor":
         return "inductor", None
-    if name == "chain":
-        made = chain.chain()
+    if name == "chain":  # what backend="chain" builds
+        made = chain.chain(*default_backends())
         return made, made
     made = chain.chain("onnxruntime", "inductor", "eager", mode="fastest")
     return made, made
