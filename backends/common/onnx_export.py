@@ -26,6 +26,7 @@ from backends.common.onnx_prepare import (
     PreparedGraph,
     module_scalars,
     prepare_graph,
+    size_carrier,
     symbolic_dims,
 )
 from backends.common.quiet import captured_here, filter_noisy_loggers, quiet, quiet_here
@@ -44,7 +45,9 @@ class OnnxGraph:
     `input_positions[k]` is the position (among the graph module's example inputs) of the
     tensor feeding ONNX input `input_names[k]`; `frozen` inputs are ONNX initializers;
     `derived` SymInt inputs are read from tensor shapes inside the model; `scalars` are
-    module floats dynamo passed as 0-d tensors, inlined as numbers. `mutated` inputs are
+    module floats dynamo passed as 0-d tensors, inlined as numbers. `carriers` are symbolic
+    int inputs no tensor size carries, fed as ONNX inputs `carrier_names` of shape (n, 0)
+    (`onnx_prepare.size_carrier`: the runner makes one per call from the int). `mutated` inputs are
     written in place by the graph: their new values are the model's last outputs, in that
     order, for the caller to copy back (ONNX has no in-place writes). `warnings`: what
     the exporter warned, one line each, kept for the report (not part of an artefact).
@@ -63,6 +66,8 @@ class OnnxGraph:
     decomposed: tuple[str, ...] = ()
     mutated: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()  # raised while exporting (quiet()): the report keeps them
+    carriers: tuple[int, ...] = ()  # int input positions fed as size carriers ...
+    carrier_names: tuple[str, ...] = ()  # ... as these ONNX inputs (after `input_names`)
 
     @classmethod
     def of_model(
@@ -195,12 +200,15 @@ def export_onnx(
     dynamic_dims: Mapping[int, Sequence[int]] | None = None,
     freeze: Sequence[int] | None = None,
     opset: int | None = None,
+    carry_ints: bool = False,
 ) -> OnnxGraph:
     """Export `gm` to ONNX with its parameters and buffers as initializers.
 
     `freeze`: input positions to bake in as constants (default: the inputs dynamo took from
     module parameters/buffers). `dynamic_dims`: position -> dims exported as symbolic
-    (default: the dims dynamo marked dynamic). Raises Unsupported with the exporter's reason.
+    (default: the dims dynamo marked dynamic). `carry_ints`: symbolic ints no tensor size
+    carries become ONNX inputs of their own (`OnnxGraph.carriers`), which the caller feeds;
+    else they are refused. Raises Unsupported with the exporter's reason.
     """
     if freeze is None:
         frozen, scalars = weight_inputs(gm, example_inputs), module_scalars(gm, example_inputs)
@@ -209,18 +217,18 @@ def export_onnx(
     dims = symbolic_dims(gm, example_inputs) if dynamic_dims is None else dynamic_dims
     caught: list[str] = []  # the exporter's warnings, for the report instead of stderr
     prepared, program, dims = _export(
-        gm, example_inputs, frozen, scalars, dims, opset, (), caught
+        gm, example_inputs, frozen, scalars, dims, opset, (), caught, carry_ints
     )
     mutated = _mutated_inputs(program, prepared)
     if mutated:  # again, unfrozen and returned: ONNX drops in-place writes to inputs
         unfrozen = tuple(i for i in frozen if i not in mutated)
         prepared, program, dims = _export(
-            gm, example_inputs, unfrozen, scalars, dims, opset, mutated, caught
+            gm, example_inputs, unfrozen, scalars, dims, opset, mutated, caught, carry_ints
         )
         missed = set(_mutated_inputs(program, prepared)) - set(mutated)
         if missed:
             raise Unsupported(f"graph writes to inputs {sorted(missed)} the export cannot return")
-    check_dynamic(program.model_proto, prepared.kept, dims)
+    check_dynamic(program.model_proto, prepared.fed, dims)
     graph = _describe(program.model_proto, prepared, dims, mutated)
     return dataclasses.replace(graph, warnings=tuple(dict.fromkeys(caught)))
 
@@ -234,16 +242,22 @@ def _export(
     opset: int | None,
     mutated: Sequence[int],
     caught: list[str],
+    carry_ints: bool = False,
 ) -> tuple[PreparedGraph, Any, dict[int, tuple[int, ...]]]:
     """Prepare the graph and run the exporter on it; its failures become Unsupported, its
     warnings go to `caught`."""
-    prepared = prepare_graph(gm, example_inputs, frozen, scalars, returns=mutated)
+    prepared = prepare_graph(
+        gm, example_inputs, frozen, scalars, returns=mutated, carry_ints=carry_ints
+    )
     dims = {i: tuple(d) for i, d in dynamic_dims.items() if i in prepared.kept and d}
-    args = tuple(_real(example_inputs[i]) for i in prepared.kept)
+    dims.update({i: (0,) for i in prepared.carriers})  # a carrier's dim 0 is its int
+    args = tuple(_real(example_inputs[i]) for i in prepared.kept) + tuple(
+        size_carrier(_hint(example_inputs[i])) for i in prepared.carriers
+    )
     dynamic_shapes = None
     if dims:
         dynamic_shapes = tuple(
-            {d: torch.export.Dim.DYNAMIC for d in dims.get(i, ())} or None for i in prepared.kept
+            {d: torch.export.Dim.DYNAMIC for d in dims.get(i, ())} or None for i in prepared.fed
         )
     with quiet(into=caught):
         try:
@@ -263,14 +277,14 @@ def _export(
 def _mutated_inputs(program: Any, prepared: PreparedGraph) -> tuple[int, ...]:
     """Original input positions the graph writes in place, from torch.export's signature.
 
-    User inputs are the kept positions in order; a frozen weight is the buffer
-    `_frozen_<position>` (a graph that writes to a module buffer, such as a counter).
+    User inputs are the fed positions in order (kept tensors, then size carriers); a frozen
+    weight is the buffer `_frozen_<position>` (a graph that writes to a module buffer).
     """
     exported = getattr(program, "exported_program", None)
     if exported is None:
         return ()
     signature = exported.graph_signature
-    user = {name: prepared.kept[k] for k, name in enumerate(signature.user_inputs)}
+    user = {name: prepared.fed[k] for k, name in enumerate(signature.user_inputs)}
     found = {user[name] for name in signature.user_inputs_to_mutate.values() if name in user}
     for target in signature.buffers_to_mutate.values():
         match = re.fullmatch(r"_frozen_(\d+)", target)
@@ -307,6 +321,15 @@ def _real(value: object) -> torch.Tensor:
     return value.detach()
 
 
+def _hint(value: object) -> int:
+    """The value of a symbolic int input now (dynamo's hint: this call's size), as a number."""
+    if isinstance(value, torch.SymInt):
+        if not value.node.has_hint():
+            raise Unsupported(f"symbolic int input {value} is data-dependent: no value to trace")
+        return int(value.node.hint)
+    return int(value)  # type: ignore[call-overload]
+
+
 def _describe(
     proto: onnx.ModelProto,
     prepared: PreparedGraph,
@@ -318,9 +341,9 @@ def _describe(
     initializers = {t.name for t in graph.initializer}
     inputs = tuple(i.name for i in graph.input if i.name not in initializers)
     kept = prepared.kept
-    if len(inputs) != len(kept):
+    if len(inputs) != len(prepared.fed):
         raise Unsupported(
-            f"exported model has {len(inputs)} inputs, the graph feeds {len(kept)} tensors"
+            f"exported model has {len(inputs)} inputs, the graph feeds {len(prepared.fed)} tensors"
         )
     try:
         data = proto.SerializeToString()
@@ -329,7 +352,7 @@ def _describe(
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     return OnnxGraph(
         model=data,
-        input_names=inputs,
+        input_names=inputs[: len(kept)],
         output_names=tuple(o.name for o in graph.output),
         input_positions=kept,
         frozen=prepared.frozen,
@@ -340,4 +363,6 @@ def _describe(
         num_initializers=len(graph.initializer),
         decomposed=prepared.decomposed,
         mutated=mutated,
+        carriers=prepared.carriers,
+        carrier_names=inputs[len(kept) :],
     )

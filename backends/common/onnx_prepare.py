@@ -6,6 +6,12 @@ way they become ONNX graph inputs, and ONNX Runtime can neither fold nor pre-pac
 builds a new graph module (the given one is never mutated) where they are constants,
 where SymInt inputs are read from the tensor shapes they come from, and where PyTorch's
 fused inference fast paths (which have no ONNX translation) are spelled out in plain ops.
+
+A SymInt that no tensor input's size carries (a cache position, a length) is either a
+number already (dynamo specialized its symbol and guards on it: inlined) or, when the
+caller asks (`carry_ints`), fed through a size carrier: a zero-element tensor of shape
+`(n, 0)` whose dim 0 is the symbol, read back with `aten.sym_size.int`, so the exporter's
+dynamic dims and ONNX's Shape op carry it (no memory moves: it has no elements).
 """
 
 from __future__ import annotations
@@ -83,9 +89,31 @@ class PreparedGraph:
     module: fx.GraphModule
     kept: tuple[int, ...]  # positions of the original inputs still fed at run time
     frozen: tuple[int, ...]  # positions turned into constants (ONNX initializers)
-    derived: tuple[int, ...]  # SymInt positions now read from a tensor's shape
+    derived: tuple[int, ...]  # SymInt positions now read from a tensor's shape (or inlined)
     scalars: Mapping[int, float]  # module floats (0-d tensor inputs) inlined as numbers
     decomposed: tuple[str, ...]  # fused fast-path ops spelled out in plain ops
+    carriers: tuple[int, ...] = ()  # SymInt positions fed as (n, 0) tensors, after `kept`
+
+    @property
+    def fed(self) -> tuple[int, ...]:
+        """The original positions behind the module's inputs, in its order."""
+        return self.kept + self.carriers
+
+
+CARRIER_DTYPE = torch.int64  # a carrier's dtype (it holds no element: any would do)
+
+
+def size_carrier(n: int) -> torch.Tensor:
+    """The tensor that carries the int `n` as its dim 0: shape (n, 0), no memory."""
+    return torch.empty((n, 0), dtype=CARRIER_DTYPE)
+
+
+def input_name(node: fx.Node) -> str:
+    """A placeholder in words: its name and, for dynamo's graphs, where its value comes from."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(getattr(grapharg, "source", None), "name", None)
+    source = source() if callable(source) else source
+    return f"{node.name} ({source})" if source else node.name
 
 
 def _size_source(
@@ -117,18 +145,23 @@ def prepare_graph(
     frozen: Sequence[int],
     scalars: Mapping[int, float] | None = None,
     returns: Sequence[int] = (),
+    carry_ints: bool = False,
 ) -> PreparedGraph:
     """Copy `gm` with `frozen` inputs as constants and SymInt inputs read from shapes.
 
     `scalars`: positions of module floats passed as 0-d tensors; their `.item()` calls
     become the number itself, and they are frozen like weights. `returns`: inputs the
     graph writes in place, returned after its own outputs (their values after the writes).
+    `carry_ints`: a symbolic int no tensor size carries becomes an input of its own (a
+    size carrier, `size_carrier`), which the caller feeds at every call; without it, such
+    an int is refused with a reason naming the input.
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     out = graph.graph_copy(gm.graph, env, return_output_node=True)
     result = out[0] if isinstance(out, tuple) else out
-    nodes = [env[n] for n in _placeholders(gm)]
+    originals = _placeholders(gm)  # their meta names where dynamo took each input from
+    nodes = [env[n] for n in originals]
     if returns:
         own = tuple(result) if isinstance(result, tuple | list) else (result,)
         result = own + tuple(nodes[i] for i in returns)
@@ -155,20 +188,40 @@ def prepare_graph(
             attr = graph.get_attr(name)
         attr.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
         nodes[i].replace_all_uses_with(attr)
+    carriers: list[int] = []
+    read: list[int] = []  # the int inputs the graph reads (derived, inlined or carried)
     for i in sorted(symints):
         if not nodes[i].users:
             continue  # e.g. a dynamic stride dynamo guards on but the graph never reads
+        read.append(i)
         value = _traced(nodes[i], example_inputs[i])
         if not isinstance(value, torch.SymInt):
             raise Unsupported(
-                f"graph input {i} is a plain int; only shape-derived ints are supported"
+                f"graph input {i} {input_name(originals[i])} is a plain int: only symbolic ints "
+                "(dynamo's SymInts) are supported"
             )
+        meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
+        if value.node.expr.is_number:  # specialized: dynamo guards on this very value
+            nodes[i].replace_all_uses_with(int(value.node.expr))  # type: ignore[arg-type]
+            continue
         found = _size_source(value, nodes, kept)
+        if found is None and not carry_ints:
+            raise Unsupported(
+                f"dynamic shapes: graph input {i} {input_name(originals[i])} is a symbolic int "
+                "that no tensor input's size carries, and this exporter reads sizes from "
+                "tensor shapes only; onnxruntime feeds such ints as inputs of their own, or "
+                "keep the value static (dynamic=False, or torch._dynamo.mark_static)"
+            )
         if found is None:
-            raise Unsupported(f"dynamic int input {value} is not the size of any tensor input")
+            with graph.inserting_after(placeholders[-1]):
+                carrier = graph.placeholder(f"_size_of_{nodes[i].name}")
+            placeholders.append(carrier)
+            carrier.meta = {}
+            carriers.append(i)
+            found = (carrier, 0)
         with graph.inserting_before(first_op):
             size = graph.call_function(torch.ops.aten.sym_size.int, found)
-        size.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
+        size.meta = meta
         nodes[i].replace_all_uses_with(size)
     for i in sorted(frozen_set | symints):
         graph.erase_node(nodes[i])
@@ -176,7 +229,10 @@ def prepare_graph(
     graph.lint()
     module.recompile()
     frozen_tensors = tuple(sorted(frozen_set - set(scalars)))
-    return PreparedGraph(module, kept, frozen_tensors, tuple(sorted(symints)), scalars, decomposed)
+    derived = tuple(i for i in read if i not in carriers)  # an unread int is not fed at all
+    return PreparedGraph(
+        module, kept, frozen_tensors, derived, scalars, decomposed, tuple(carriers)
+    )
 
 
 _FAST_PATHS = {

@@ -11,7 +11,8 @@ CPU), `graph_optimization_level` (disable|basic|extended|all, default all),
 `common.ort_session.session_options`), `on_weight_change` (reexport|raise, default
 reexport).
 Inputs the graph writes in place come back as extra ONNX outputs and are copied into the
-caller's tensors. Refused with `Unsupported`: autograd graphs (inputs that require grad
+caller's tensors. Symbolic ints no tensor size carries are fed as size carriers
+(`runtime`). Refused with `Unsupported`: autograd graphs (inputs that require grad
 under grad mode), non-tensor inputs/outputs, inputs on several devices, ops the exporter
 or ORT cannot take, dynamic shapes the exporter cannot express ("dynamic shapes: ...").
 """
@@ -135,12 +136,12 @@ def _compile(
     _check_chosen(chosen)
 
     def build(inputs: Sequence[object], graph: OnnxGraph | None = None) -> Compiled:
-        graph = graph if graph is not None else export_onnx(gm, inputs)
+        graph = graph if graph is not None else export_onnx(gm, inputs, carry_ints=True)
         if graph.num_outputs != len(specs):
             raise Unsupported(
                 f"exported model has {graph.num_outputs} outputs, graph has {len(specs)}"
             )
-        if any(i >= len(inputs) for i in (*graph.input_positions, *graph.frozen)):
+        if any(i >= len(inputs) for i in (*graph.input_positions, *graph.frozen, *graph.carriers)):
             raise Unsupported(f"the model reads inputs the graph has not ({len(inputs)} inputs)")
         cancel.checkpoint()  # an abandoned compile builds no session
         session = create_session(graph.model, options, chosen)

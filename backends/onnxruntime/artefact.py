@@ -18,7 +18,7 @@ from backends.common.onnx_export import OnnxGraph
 from backends.errors import Unsupported
 from backends.registry import Artefact
 
-FORMAT = 1
+FORMAT = 2  # 2: size carriers (symbolic ints fed as (n, 0) inputs)
 MAGIC = b"onnxruntime-artefact"
 
 
@@ -36,6 +36,8 @@ def to_artefact(graph: OnnxGraph) -> Artefact:
         "num_initializers": graph.num_initializers,
         "decomposed": list(graph.decomposed),
         "mutated": list(graph.mutated),
+        "carriers": list(graph.carriers),
+        "carrier_names": list(graph.carrier_names),
     }
     text = json.dumps(header, sort_keys=True).encode()
     first = MAGIC + f" {FORMAT} {len(text)}\n".encode()
@@ -43,8 +45,8 @@ def to_artefact(graph: OnnxGraph) -> Artefact:
     return Artefact(first + text + graph.model, reads)
 
 
-_INDICES = ("input_positions", "frozen", "derived", "mutated")
-_LISTS = ("input_names", "output_names", "decomposed", *_INDICES)
+_INDICES = ("input_positions", "frozen", "derived", "mutated", "carriers")
+_LISTS = ("input_names", "output_names", "decomposed", "carrier_names", *_INDICES)
 
 
 def _checked_header(header: Any) -> dict[str, Any]:
@@ -61,12 +63,15 @@ def _checked_header(header: Any) -> dict[str, Any]:
     if not all(isinstance(v, list) and all(_index(i) for i in v) for v in indices):
         raise Unsupported("onnxruntime artefact header: an index list holds a non-index")
     texts = [*header["input_names"], *header["output_names"], *header["decomposed"]]
+    texts += header["carrier_names"]
     if not all(isinstance(n, str) for n in texts):
         raise Unsupported("onnxruntime artefact header: a name is not text")
     if not all(k.isdigit() for k in (*header["scalars"], *header["dynamic_dims"])):
         raise Unsupported("onnxruntime artefact header: scalars or dynamic_dims not by index")
     if not all(type(v) in (int, float) for v in header["scalars"].values()):
         raise Unsupported("onnxruntime artefact header: a scalar is not a number")
+    if len(header["carriers"]) != len(header["carrier_names"]):
+        raise Unsupported("onnxruntime artefact header: carriers and their names differ in length")
     return header
 
 
@@ -150,4 +155,6 @@ def from_artefact(data: bytes) -> OnnxGraph:
         num_initializers=header["num_initializers"],
         decomposed=tuple(header["decomposed"]),
         mutated=tuple(header["mutated"]),
+        carriers=tuple(header["carriers"]),
+        carrier_names=tuple(header["carrier_names"]),
     )

@@ -1,8 +1,9 @@
 """ONNX Runtime's export hooks: the ONNX models it verified as payloads, and their loader.
 
 Exporter: when ONNX Runtime won the graph, its whole ONNX model is one part (unless the
-runner froze inputs, derived sizes or inlined scalars, which a payload cannot feed, or the
-user keeps ops in PyTorch); when it passed but lost, or was not tried, because another
+runner froze inputs, derived sizes, took symbolic ints or inlined scalars, which a payload
+cannot feed: the graph is then exported again whole, then in parts, the reason in the note;
+or the user keeps ops in PyTorch); when it passed but lost, or was not tried, because another
 backend won (one that cannot export), or when the program takes dynamic shapes, the graph
 is exported whole now and verified; when it declined the graph (an op it has no
 translation for), or `torch_executed_ops` keeps ops in PyTorch, or the whole export fails,
@@ -69,21 +70,27 @@ def onnx_header(graph: OnnxGraph, outputs: Sequence[torch.Tensor], device: str) 
 
 def export_parts(request: ExportRequest) -> ExportedParts | None:
     """The exporter hook: the whole model when ORT won, or did not lose by failing (another
-    winner cannot export); ORT parts when it declined the graph or ops stay in PyTorch."""
+    winner cannot export); ORT parts when it declined the graph or ops stay in PyTorch.
+    A winner that cannot be a payload as it is (frozen, derived or carried inputs, inlined
+    scalars) is exported again whole, then in parts; each step's reason goes in the note."""
     if request.status == "unsupported":
-        return partitioned(request)
+        return partitioned(request, "whole graph: onnxruntime declined it")
     if not request.won and not request.untaken:
         return None  # it failed on this graph (mismatch, errors): nothing of it is exported
     if request.torch_executed_ops:
         return partitioned(request)
     if request.won and not request.dynamic_dims:
-        return whole_model(request)
+        why = not_a_payload(request.compiled)
+        if why is None:
+            return whole_model(request)
+        return exported_whole(request, f"the winning model {why}")
     return exported_whole(request)
 
 
-def exported_whole(request: ExportRequest) -> ExportedParts:
-    """The graph exported whole now (for its dynamic axes, or for a backend that did not
-    win it), verified; ORT parts when it does not export or verify whole."""
+def exported_whole(request: ExportRequest, first: str = "") -> ExportedParts:
+    """The graph exported whole now (for its dynamic axes, for a backend that did not win
+    it, or for a winner whose model is no payload: `first` says why), verified; ORT parts
+    when it does not export or verify whole."""
     gm, flat = request.gm, request.flat_inputs
     with torch.no_grad():
         out = gm(*flat)
@@ -94,20 +101,36 @@ def exported_whole(request: ExportRequest) -> ExportedParts:
     except Unsupported as error:
         reason = error.reason
     if reason is not None:
-        return partitioned(request, f"whole graph: {reason}")
+        why = f"{first}; " if first else ""
+        return partitioned(request, f"{why}whole graph: {reason}")
     axes = f" with dynamic axes {dict(request.dynamic_dims)}" if dynamic else ""
     note = f"export: the whole graph as one ONNX Runtime model{axes}"
+    if first:
+        note += f", exported again ({first})"
     return ExportedParts(as_single_call(gm), {WHOLE: part}, note)
 
 
-def whole_model(request: ExportRequest) -> ExportedParts | None:
-    """The winning runner's ONNX model as one part; None when it froze or derived inputs."""
-    runner = request.compiled
+def not_a_payload(runner: Any) -> str | None:
+    """Why the winning runner's ONNX model cannot be a payload as it is, or None: a payload
+    is fed the graph's tensors in order and nothing else."""
     if not isinstance(runner, OrtRunner):
-        return None
+        return f"is a {type(runner).__name__}, not an ONNX Runtime runner"
     graph = runner.graph
-    if graph.frozen or graph.derived or graph.scalars:
-        return None
+    reads = (
+        (graph.frozen, "froze inputs"),
+        (graph.derived, "reads sizes of inputs"),
+        (graph.carriers, "takes symbolic ints"),
+        (tuple(graph.scalars), "inlined module scalars"),
+        (graph.mutated, "writes to inputs"),
+    )
+    found = [f"{what} {list(positions)[:4]}" for positions, what in reads if positions]
+    return f"{', '.join(found)}" if found else None
+
+
+def whole_model(request: ExportRequest) -> ExportedParts:
+    """The winning runner's ONNX model as one part (`not_a_payload` said it can be)."""
+    runner = request.compiled
+    graph = runner.graph  # type: ignore[union-attr]
     gm, flat = request.gm, request.flat_inputs
     with torch.no_grad():
         outputs, _ = flat_outputs(gm(*flat))

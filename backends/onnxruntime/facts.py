@@ -77,6 +77,7 @@ def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> di
         "frozen_inputs": list(graph.frozen),
         "graph_inputs": list(graph.input_names),
         "derived_symints": list(graph.derived),
+        **({"size_carriers": list(graph.carriers)} if graph.carriers else {}),
         "dynamic_dims": {str(k): list(v) for k, v in graph.dynamic_dims.items()},
         "decomposed": list(graph.decomposed),
         "mutated_inputs": list(graph.mutated),

@@ -22,6 +22,8 @@ not seen here: the chain's re-verifications see them by value.
 
 Inputs the graph writes in place (`OnnxGraph.mutated`) come back as the model's last
 outputs and are copied into the caller's tensors, so the caller sees eager's writes.
+Symbolic ints no tensor size carries (`OnnxGraph.carriers`: a decode step's cache position)
+are fed at every call as zero-element arrays of shape (n, 0), which hold no memory.
 """
 
 from __future__ import annotations
@@ -193,6 +195,7 @@ class OrtRunner:
         self._names = list(graph.output_names)
         self._mutated = tuple(enumerate(graph.mutated, start=graph.num_outputs))
         self._scalars = tuple(graph.scalars.items())
+        self._sizes = tuple(zip(graph.carrier_names, graph.carriers, strict=True))
         frozen = compiled.frozen if isinstance(compiled.frozen, Frozen) else Frozen((), (), ())
         self._frozen = frozen
         self._frozen_args = frozen.getter()
@@ -203,7 +206,9 @@ class OrtRunner:
             self._run_options = cuda_run_options(self._stream is not None)
         self._cpu = self._device.type == "cpu"
         self._run = cpu_run(compiled.session)
-        plain = self._cpu and not (self._scalars or self._mutated or self._channels_last)
+        plain = self._cpu and not (
+            self._scalars or self._mutated or self._channels_last or self._sizes
+        )
         self._call = self._plain_cpu() if plain else self._general
 
     @property
@@ -253,7 +258,8 @@ class OrtRunner:
         return call
 
     def _general(self, *args: Any) -> Any:
-        """Any call: scalars inlined as constants, written inputs, channels_last, CUDA."""
+        """Any call: scalars inlined as constants, size carriers, written inputs,
+        channels_last, CUDA."""
         got = self._frozen_args(args)
         if not (
             all(map(operator.is_, got, self._frozen_tensors))
@@ -268,6 +274,8 @@ class OrtRunner:
                 break
         if self._cpu:
             feeds = {name: args[i].numpy() for name, i in self._feeds}
+            for name, i in self._sizes:
+                feeds[name] = carrier_array(args[i])
             outs = list(map(torch.from_numpy, self._run(self._names, feeds, None)))
         else:
             outs = self._run_cuda(args)
@@ -359,6 +367,8 @@ class OrtRunner:
             binding.bind_input(
                 name, "cuda", index, numpy_dtype(t.dtype), tuple(t.shape), t.data_ptr()
             )
+        for name, i in self._sizes:  # no elements: only its shape is read (ORT's Shape op)
+            binding.bind_cpu_input(name, carrier_array(args[i]))
         allocated: list[torch.Tensor | None] = []
         for name, spec in zip(self._names, self._outputs, strict=True):
             if spec.shape is None or spec.dtype is None:
@@ -387,6 +397,11 @@ class OrtRunner:
             a if a is not None else torch.from_dlpack(v)
             for a, v in zip(allocated, ort_values, strict=True)
         ]
+
+
+def carrier_array(n: Any) -> np.ndarray:
+    """The size carrier of the int `n` as ORT takes it: shape (n, 0), int64, no elements."""
+    return np.empty((int(n), 0), dtype=np.int64)
 
 
 def cpu_run(session: Any) -> Callable[[list[str], dict[str, Any], Any], list[Any]]:

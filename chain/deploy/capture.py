@@ -62,6 +62,11 @@ def explain(model: torch.nn.Module, error: BaseException) -> str:
     hint = next((h for key, h in _HINTS if key.lower() in text.lower()), None)
     if hint is None and "GuardOnDataDependent" in type(error).__name__:
         hint = _HINTS[0][1]
+    if re.search(r"Found <class '[\w.]*Cache'> in output", text):
+        hint = (
+            "the model returns its KV cache (a transformers Cache object) and programs "
+            "return tensors: pass use_cache=False in kwargs (or set config.use_cache = False)"
+        )
     where = _where(text)
     parts = [f"torch.export could not capture {type(model).__name__} as one graph"]
     if hint:

@@ -93,8 +93,14 @@ def export(
     `torch_executed_ops` ("aten.relu", ...) and `min_block_size` shape the ORT partitions
     made when ONNX Runtime cannot take the whole graph. `dynamic_shapes` is torch.export's
     (`{"x": {0: Dim("batch", max=64)}}`): the program and its ONNX parts take those sizes.
-    Raises `CaptureError` when torch.export cannot capture the model as one graph.
+    Raises `CaptureError` when torch.export cannot capture the model as one graph, and
+    `TypeError` when `args` is not a tuple (torch.export's rule).
     """
+    if not isinstance(args, tuple):  # as torch.export: a lone tensor is not iterated
+        raise TypeError(
+            f"chain.export expects `args` to be a tuple of example positional inputs (as "
+            f"torch.export does), got {type(args).__name__}: pass (x,) for one input"
+        )
     the_chain = _as_chain(backend)
     captured = capture(model, tuple(args), kwargs, strict=strict, dynamic_shapes=dynamic_shapes)
     gm, flat = captured.gm, captured.flat_inputs
@@ -162,12 +168,22 @@ def _exported_parts(
         except Unsupported as why:
             declined.append(f"{name} not exported: {why.reason}")
             continue
+        if exported is None:  # the hook has nothing of this graph: say how it fared
+            how = f": {one_line_reason(attempt.reason)}" if attempt.reason else ""
+            declined.append(f"{name} not exported: {attempt.status.value} here{how}")
+            continue
         if exported is not None:
             if declined:
                 exported.note += f" ({'; '.join(declined)})"
             return exported, (None if won else attempt)
     why = "".join(f"; {d}" for d in declined)
     return ExportedParts(gm, {}, f"export: runs in PyTorch ({winner} won the graph{why})"), None
+
+
+def one_line_reason(reason: str, limit: int = 160) -> str:
+    """An attempt's reason cut to one short line for a note."""
+    line = reason.splitlines()[0] if reason else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _exportable(name: str) -> bool:

@@ -37,13 +37,14 @@ def export_block(
         graph = export_onnx(block, list(example_inputs), freeze=(), dynamic_dims=dims)
     except Unsupported as e:
         raise Unsupported(f"ONNX export of a TensorRT block failed: {e.reason}", e.detail) from e
-    fed = sorted(graph.input_positions + graph.derived)
-    if fed != list(range(len(example_inputs))):
+    tensors = [i for i, v in enumerate(example_inputs) if isinstance(v, torch.Tensor)]
+    if sorted(graph.input_positions) != tensors:  # ints: read from shapes, or not at all
         raise Unsupported(
             f"ONNX export of a TensorRT block dropped inputs: kept {graph.input_positions} "
             f"of {len(example_inputs)}"
         )
-    positions = graph.input_positions if graph.derived else None
+    everything = list(graph.input_positions) == list(range(len(example_inputs)))
+    positions = None if everything else graph.input_positions
     return OnnxModel(graph.model, graph.input_names, graph.output_names, positions)
 
 
