@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import chain
-from backends.inductor_deploy import KEY_ENV
+from backends.inductor.deploy import KEY_ENV
 from benchmarks.export_overhead import TINY, tiny_configs
 
 

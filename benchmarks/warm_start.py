@@ -40,7 +40,7 @@ BACKENDS = {
     # a decision the floor would keep (the warm start of a remembered inductor winner)
     "fastest(inductor), no floor": "chain('inductor', 'eager', mode='fastest', eager_floor=False)",
     # the same with no package (CUDA, a failed build, CHAIN_INDUCTOR_PACKAGE=0): inductor's
-    # FX graph cache, under the remembered vector-ISA verdict (backends.inductor_isa)
+    # FX graph cache, under the remembered vector-ISA verdict (backends.inductor.isa)
     "fastest(inductor), no floor, no package": (
         "chain('inductor', 'eager', mode='fastest', eager_floor=False)"
     ),

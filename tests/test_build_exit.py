@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from backends.errors import Unsupported
-from backends.inductor_build import HANG_ENV, compile_in_child
+from backends.inductor.build import HANG_ENV, compile_in_child
 from tests.helpers import ROOT, memory_env
 
 
@@ -73,7 +73,7 @@ def test_a_module_planted_in_the_working_directory_is_never_imported(
 
 _PARENT = """
 import sys, tempfile
-from backends.inductor_build import compile_in_child
+from backends.inductor.build import compile_in_child
 folder = tempfile.mkdtemp(prefix="chain-aoti-build-")
 print(folder, flush=True)
 compile_in_child(folder, {})

@@ -13,7 +13,7 @@ from torch import fx, nn
 import backends
 from backends.cudagraphs import cudagraphs_available
 from backends.errors import InvalidOption
-from backends.inductor_config import config_patches
+from backends.inductor.config import config_patches
 from chain import Attempt, Report, Status, chain
 from chain.run.graphs import GraphsStage, base_name, check_cuda_graphs, prefer_graphed, variant_name
 from tests.helpers import compile_and_check

@@ -1,4 +1,4 @@
-"""inductor exported as a signed AOTInductor package (`backends.inductor_deploy`).
+"""inductor exported as a signed AOTInductor package (`backends.inductor.deploy`).
 
 A package is native code: exported only under CHAIN_PROGRAM_KEY, loaded only in a process
 that holds the same key (checked before the package is opened), else the chain exports the
@@ -18,7 +18,7 @@ from torch.export import Dim
 
 import chain
 from backends.common.payload import PayloadError
-from backends.inductor_deploy import KEY_ENV
+from backends.inductor.deploy import KEY_ENV
 from tests.helpers import ROOT, fresh_process
 from tests.models import build, build_extra
 

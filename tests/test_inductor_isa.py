@@ -1,4 +1,4 @@
-"""inductor's vector-ISA probe, remembered (backends.inductor_isa): one verdict per machine,
+"""inductor's vector-ISA probe, remembered (backends.inductor.isa): one verdict per machine,
 kept in inductor's cache folder; a later process compiles under the same FX cache key and
 skips the probe; the user's own setting always wins; a damaged or planted file is probed
 over, never trusted."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends import inductor_isa
+from backends.inductor import isa as inductor_isa
 from tests.helpers import fresh_process
 
 CPU = [torch.randn(2, 4)]
@@ -217,7 +217,7 @@ _HEAL = """
 import json, sys
 import torch
 from torch import fx
-from backends import inductor_isa
+from backends.inductor import isa as inductor_isa
 from backends.inductor import inductor
 
 patches = {"cpp.cxx": sys.argv[1]}

@@ -1,4 +1,4 @@
-"""inductor's artefact (backends.inductor_package): the process that selects inductor builds
+"""inductor's artefact (backends.inductor.package): the process that selects inductor builds
 an AOTInductor package in the background; a second process runs the graph from it, with
 no inductor compile; a package for another machine, a damaged one, or one in a store
 others can write to is a note and inductor's usual compile.
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import torch
 
-import backends.inductor_package as package
+import backends.inductor.package as package
 from backends.common.files import private_file
 from backends.errors import Unsupported
-from backends.inductor_runner import mismatch
+from backends.inductor.runner import mismatch
 from backends.registry import Artefact
 from chain.memory import LocalStore, RedisStore
 from chain.memory.artefacts import decode as decode_artefact
@@ -279,7 +279,7 @@ def test_a_cuda_graph_is_not_packaged_and_says_why(tmp_path: Path) -> None:
 
 def test_a_cuda_package_from_elsewhere_is_not_loaded() -> None:
     """A stored package that says it was built for CUDA is refused before torch opens it."""
-    from backends.inductor_runner import load
+    from backends.inductor.runner import load
 
     header = package.Header(
         kept=(0,), inputs=1, out_spec="", dynamic={}, built_for={"device": "cuda"}

@@ -24,7 +24,7 @@ from backends.common.payload import (
     to_tensor,
     unpack,
 )
-from backends.inductor_deploy import KEY_ENV
+from backends.inductor.deploy import KEY_ENV
 
 KEY = "the test's program key"
 pytestmark = pytest.mark.slow  # three AOTInductor builds (minutes on a busy 2-core CPU)

@@ -1,6 +1,6 @@
 """inductor's options: its config names (type-checked where they are bools or bounded), its
 modes, and the config overrides a mode and the user's options make. Shared by `inductor` and
-its CUDA graphs variant (`inductor_graphed`), which imports nothing else of it."""
+its CUDA graphs variant (`graphed`); imports nothing of inductor's other modules."""
 
 from __future__ import annotations
 

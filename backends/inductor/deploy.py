@@ -8,12 +8,12 @@ of what follows: the binding (one JSON line: the part's name, the program id its
 carries, the input and output specs with strides, the package's SHA-256, the machine)
 and the package. The HMAC is checked (constant time) before anything else is read; the
 package must be the one the binding names and built for this machine (torch, CPU
-capability and flags; `inductor_package.machine`), else `PayloadMismatch`. The runner
+capability and flags; `package.machine`), else `PayloadMismatch`. The runner
 (`BoundRunner`) exposes the binding as `bound`: `chain.deploy` checks it against the
 program's node (part, id, declared outputs, the graph's input specs), and every call's
 inputs and outputs are checked against it. No key at export: the exporter declines with
 that reason and the chain exports the next candidate (ONNX Runtime). CPU only: torch's
-loader crashed the process on a CUDA package (`inductor_package.NO_CUDA`), and static
+loader crashed the process on a CUDA package (`package.NO_CUDA`), and static
 shapes only (a program with dynamic shapes gets ONNX Runtime's dynamic axes).
 """
 
@@ -39,8 +39,8 @@ from backends.common.parts import (
 )
 from backends.common.payload import Header, PayloadError, PayloadMismatch, TensorSpec, digest
 from backends.errors import Unsupported
-from backends.inductor_package import NO_CUDA, decode, machine, prepare
-from backends.inductor_runner import mismatch, open_package
+from backends.inductor.package import NO_CUDA, decode, machine, prepare
+from backends.inductor.runner import mismatch, open_package
 
 NAME = "inductor"
 KEY_ENV = "CHAIN_PROGRAM_KEY"

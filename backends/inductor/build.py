@@ -1,7 +1,7 @@
 """The AOTInductor compile of a saved program, in an isolated child process.
 
 The child reads `FOLDER/program.pt2` (written by this user's own process,
-`backends.inductor_package.prepare`) and `FOLDER/configs.json`, and writes
+`backends.inductor.package.prepare`) and `FOLDER/configs.json`, and writes
 `FOLDER/graph.pt2`. In a child, AOTInductor's process-wide config patches and tracing never
 meet the user's threads, and its Python work holds another GIL. Isolated: `python -I` (no
 working-directory, script-folder, PYTHON* or user-site imports) finds this library by one
@@ -35,11 +35,11 @@ from backends.errors import Unsupported
 MAX_BYTES = 2 << 30  # a package without weights is megabytes
 TIMEOUT_S = 3600.0  # the longest a child may compile
 HANG_ENV = "CHAIN_TEST_BUILD_HANG"  # tests: a file the child writes its pid to, then hangs
-ROOT = str(Path(__file__).resolve().parent.parent)  # where `backends` is importable
+ROOT = str(Path(__file__).resolve().parents[2])  # where `backends` is importable
 # the child's whole program: the library from ROOT only, then `child_main`
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from backends.inductor_build import child_main; child_main(*sys.argv[2:])"
+    "from backends.inductor.build import child_main; child_main(*sys.argv[2:])"
 )
 
 

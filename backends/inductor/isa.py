@@ -4,7 +4,7 @@ Unless `cpp.vec_isa_ok` is set, inductor probes in every process whether the C++
 can build each vector ISA the CPU lists (it builds and loads a probe library in a child
 Python: 0.3-0.9 s on a small CPU), and the setting is part of its FX graph cache key. For
 a CPU graph whose user set neither, the chain probes once per machine (torch, compiler, CPU
-flags: `inductor_package.machine`), keeps the verdict in inductor's cache folder, and
+flags: `package.machine`), keeps the verdict in inductor's cache folder, and
 compiles with `cpp.vec_isa_ok` set to it: the first process and every later one compile
 under the same key, and later ones skip the probe. The setting only says whether every ISA
 the CPU lists builds, so it is set only when that is so for all of them (True) or none
@@ -32,7 +32,7 @@ import torch
 from backends import cancel
 from backends.common.files import atomic_write, read_bounded
 from backends.errors import Unsupported, one_line
-from backends.inductor_package import machine
+from backends.inductor.package import compiler_of, machine
 
 log = logging.getLogger(__name__)
 SETTING = "cpp.vec_isa_ok"
@@ -70,8 +70,6 @@ def _tool(name: str) -> dict[str, str | None]:
 def _toolchain(patches: Mapping[str, Any]) -> dict[str, Any]:
     """What decides whether an ISA builds besides the CPU: the compiler and the assembler
     (path, whole `--version`), and the flags the compiler is given."""
-    from backends.inductor_package import compiler_of
-
     flags = {k: os.environ.get(k) for k in ("CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CXX", "AS")}
     cpp = {k: str(v) for k, v in sorted(patches.items()) if k.startswith("cpp.")}
     return {

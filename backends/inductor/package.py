@@ -1,12 +1,12 @@
 """inductor's artefact: an AOTInductor package of one graph, and the machine it runs on.
 
-A warm process that loads the package (`backends.inductor_runner`) skips inductor's own
+A warm process that loads the package (`backends.inductor.runner`) skips inductor's own
 start (its imports, the CPU ISA probe, header preprocessing, source hashing) and its
 compile. Building one is a second compile: once the decision is kept, the chain calls
 `chain_artefact_later` on inductor's compiled callable on the compiling thread (`prepare`:
 the non-strict export, which patches torch for every thread and so cannot run beside the
 user's calls), then runs the `PendingPackage` it returns in the background: AOTInductor
-compiles in a child process (`backends.inductor_build`), so neither its config patches nor
+compiles in a child process (`backends.inductor.build`), so neither its config patches nor
 its tracing nor the GIL touch the user's process.
 
 Parameters and buffers stay graph inputs (a package holds no weights, ~2 MB), SymInt
@@ -26,7 +26,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from torch import fx
 from backends import cancel
 from backends.common.onnx_prepare import prepare_graph, symbolic_dims
 from backends.errors import Unsupported, one_line
+from backends.inductor.build import compile_in_child
 from backends.registry import Artefact
 
 FORMAT = 1
@@ -244,8 +245,6 @@ class PendingPackage:
     def __call__(self) -> Artefact:
         """Compile the package in a child process; Unsupported with its reason on failure.
         The folder is removed after, whatever happens."""
-        from backends.inductor_build import compile_in_child
-
         try:
             package = compile_in_child(self.folder, self.configs)
         finally:
@@ -286,3 +285,24 @@ def prepare(
         shutil.rmtree(folder, ignore_errors=True)
         raise Unsupported(f"the exported program cannot be saved: {one_line(error)}") from error
     return PendingPackage(folder, configs, header)
+
+
+def offer_package(
+    fn: Callable[..., Any], gm: fx.GraphModule, example_inputs: list[Any], patches: dict
+) -> Callable[..., Any]:
+    """`fn` offering its package build as `chain_artefact_later` (unless CHAIN_INDUCTOR_PACKAGE
+    is off): called on the compiling thread, it exports the graph and returns the build to
+    run in the background; `fn` is wrapped when inductor's callable takes no attributes.
+    Used by inductor's compile and by its CUDA graphs variant's (built without CUDA graphs)."""
+    if not enabled():
+        return fn
+
+    def later() -> Any:
+        return prepare(gm, example_inputs, patches)
+
+    try:
+        fn.chain_artefact_later = later  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):
+        fn = functools.partial(fn)
+        fn.chain_artefact_later = later  # type: ignore[attr-defined]
+    return fn

@@ -1,4 +1,4 @@
-"""Run an inductor package (`backends.inductor_package`) without importing inductor.
+"""Run an inductor package (`backends.inductor.package`) without importing inductor.
 
 torch's own loader (`torch._C._aoti.AOTIModelPackageLoader`) opens the package and loads
 its shared library: nothing compiles, and inductor's start (imports, the CPU ISA probe
@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from backends.common.files import private_file
 from backends.errors import Unsupported, one_line
-from backends.inductor_package import NO_CUDA, Header, decode, machine
+from backends.inductor.package import NO_CUDA, Header, decode, machine
 
 
 def mismatch(built_for: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
