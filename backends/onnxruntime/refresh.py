@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 from backends.common.onnx_export import OnnxGraph
@@ -28,6 +27,8 @@ FROZEN_NAME = re.compile(r"_frozen_(\d+)")
 
 def initializer_positions(graph: OnnxGraph) -> dict[int, str]:
     """Frozen input position -> the initializer that still holds it by name (unfolded)."""
+    import onnx  # here: discovering the backends imports no compiler library
+
     proto = onnx.load_from_string(graph.model)
     frozen = set(graph.frozen)
     found: dict[int, str] = {}
