@@ -245,9 +245,9 @@ class WeightWatch:
                 "reload them",
                 intact=self.intact,
             )
-        with torch.no_grad():
-            for i in values:
-                self.tensors[i].copy_(self.snapshot[i])
+        with torch.no_grad():  # behind the counter: the chain's own undo is no user update
+            for i in values:  # (a moved counter is how the run-time watch knows the user's)
+                self.tensors[i].data.copy_(self.snapshot[i])
         self._refresh(values + versions)
         return f"changed weight {named} in place (restored)"
 

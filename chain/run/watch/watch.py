@@ -175,7 +175,8 @@ class Watch:
         Returns the winner's output and why it is wrong (None: it matches eager); raises
         TooSlow for a right winner that is slower than eager with confidence.
         """
-        token = self.weights.before(args) if self.weights is not None else None
+        who = f"{self.name}, the winner (at run time, call {n})"
+        token = self.weights.before(args, who) if self.weights is not None else None
         if token is not None and token[2] and self.on_update is not None:
             self.on_update(args)  # refreshed before the winner answers on them
             token = (*token[:3], self.weights.epoch)  # the baseline the winner's call starts on
@@ -220,7 +221,6 @@ class Watch:
         # tensor's: no version counter moves)
         reason = wrote or reason
         if self.weights is not None and token is not None:  # changed across the call: damage
-            who = f"{self.name}, the winner (at run time, call {n})"
             damaged = self.weights.across(args, token, who)  # WeightsDamaged: values changed
             reason = reason or damaged
         cost_s = time.perf_counter() - start - call_s

@@ -10,9 +10,10 @@ Every call reads the weights' identities and version counters before the winner 
 (two C-level maps; `same`): a difference is an update, seen before the answer. The
 re-verified calls also read the fingerprints of one part of the weights before and after
 the winner's call (`across`): values that change across the call, or counters that move,
-are damage. Writes that bypass the counters (`.data`, inference tensors, raw pointers)
-between calls show as a fingerprint that moved *before* a re-verified call: an update too,
-seen at the next re-verification only.
+are damage. Writes that bypass the counters (`.data`, raw pointers) between calls show as
+a fingerprint that moved *before* a re-verified call: damage too, since nothing tells
+them from a winner's call in flight on another thread; only weights that keep no
+counter (inference tensors) take such a move as the user's update.
 """
 
 from __future__ import annotations
@@ -104,16 +105,22 @@ class Weights:
         with self.lock:
             self._take(args)
 
-    def before(self, args: Sequence[Any]) -> tuple[int, torch.Tensor | None, bool, int]:
+    def before(self, args: Sequence[Any], who: str) -> tuple[int, torch.Tensor | None, bool, int]:
         """Before a re-verified call: (the part whose fingerprint is compared, its print now,
-        whether it moved since the baseline with no counter moving: an update that bypassed
-        the counters, taken as the user's and made the baseline)."""
+        whether it moved since the baseline with no counter moving: for inference tensors,
+        which keep no counter, an update taken as the user's and made the baseline).
+        WeightsDamaged for such a move in weights that keep counters: nobody can say whose
+        it is (a `.data` write, or a winner's call in flight on another thread), and every
+        update the user makes with tensor ops (optimizer steps, `load_state_dict`, `add_`,
+        `copy_`, a swapped Parameter) moves a counter or the identity."""
         with self.lock:  # not halfway through another call's new baseline
             if not self.groups:
                 return -1, None, False, self.epoch
             k, self.turn = self.turn, (self.turn + 1) % len(self.groups)
             now = _joined(self.groups[k])
             quiet = not torch.equal(now, self.group_prints[k])
+            if quiet and not self.inference:
+                raise self.damaged(args, f"{who} (or a `.data` write between calls)", [])
             if quiet:
                 self.rebase(args)
                 now = self.group_prints[k] if k < len(self.group_prints) else now
@@ -149,16 +156,17 @@ class Weights:
             i for i in self.positions if not Fingerprint.of(args[i]).same_values(self.prints[i])
         ] or list(moved)
         named = ", ".join(self.names[i] for i in changed)
-        after = {i: (args[i], version(args[i]), Fingerprint.of(args[i])) for i in changed}
+        after = {i: (args[i], version(args[i])) for i in changed}
         prints = dict(self.prints)
 
         def intact() -> bool:
-            """Whole again: the old values back, or the user wrote them since (an update)."""
+            """Whole again: the old values back, or the user wrote them since (a counter
+            moved: the chain's own restores write behind the counters). Values that moved
+            with no counter are not enough: a winner's call in flight on another thread may
+            be writing them."""
             return all(
-                version(t) != v
-                or Fingerprint.of(t).same_values(prints[i])
-                or not Fingerprint.of(t).same_values(p)
-                for i, (t, v, p) in after.items()
+                version(t) != v or Fingerprint.of(t).same_values(prints[i])
+                for i, (t, v) in after.items()
             )
 
         return WeightsDamaged(
