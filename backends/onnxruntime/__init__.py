@@ -39,13 +39,9 @@ from backends.onnxruntime.facts import (
     output_nodes,
     output_specs,
 )
+from backends.onnxruntime.frozen import snapshot_frozen
 from backends.onnxruntime.refresh import Refresher, initializer_positions, session_with
-from backends.onnxruntime.runtime import (
-    Compiled,
-    FrozenWeightChanged,
-    OrtRunner,
-    snapshot_frozen,
-)
+from backends.onnxruntime.runtime import Compiled, FrozenWeightChanged, OrtRunner
 from backends.onnxruntime.session import (
     Provider,
     available,

@@ -34,7 +34,8 @@ from backends.onnxruntime.facts import (
     output_nodes,
     output_specs,
 )
-from backends.onnxruntime.runtime import FrozenWeightChanged, OutputSpec, snapshot_frozen
+from backends.onnxruntime.frozen import snapshot_frozen
+from backends.onnxruntime.runtime import FrozenWeightChanged, OutputSpec
 from backends.onnxruntime.session import (
     Provider,
     create_session,
