@@ -13,6 +13,7 @@ import torch
 from torch import fx, nn
 
 from chain import chain
+from chain.dynamo import DEFAULT_CHAIN
 from chain.run.watch.updates import JUDGED, OFTEN_CALLS, too_often
 from chain.select.isolation import WeightsDamaged
 
@@ -50,7 +51,7 @@ def _optimizer(model: nn.Module, step: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     model.train()
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
-    model(x).pow(2).sum().backward()
+    model(x.to(model.fc1.weight.device)).pow(2).sum().backward()
     opt.step()
     opt.zero_grad()
     model.eval()
@@ -59,14 +60,14 @@ def _optimizer(model: nn.Module, step: int) -> None:
 def _lora(model: nn.Module, step: int) -> None:
     with torch.no_grad():
         delta = torch.randn(32, 4) @ torch.randn(4, 16)
-        model.fc1.weight.add_(0.1 * delta)
+        model.fc1.weight.add_(0.1 * delta.to(model.fc1.weight.device))
 
 
 def _ema(model: nn.Module, step: int) -> None:
     shadow = _new_state(model, step)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(0.5 * p + 0.5 * shadow[name])
+            p.copy_(0.5 * p + 0.5 * shadow[name].to(p.device))
 
 
 def _swap(model: nn.Module, step: int) -> None:
@@ -80,12 +81,12 @@ BACKENDS = {"onnxruntime": "onnxruntime", "callable": live, "eager": "eager"}
 
 def _serve(
     backend_name: str, update: str, *, mode: str = "no_grad", dynamic: bool = False,
-    rounds: int = 3, calls: int = 4,
+    rounds: int = 3, calls: int = 4, device: str = "cpu", backend: Any = None,
 ) -> Any:  # fmt: skip
     """Compile, call, update, call...: every answer equals eager's on the current weights."""
     torch.manual_seed(0)
-    model = Net().eval()
-    backend = chain(BACKENDS[backend_name], measure=False)
+    model = Net().eval().to(device)
+    backend = backend or chain(BACKENDS[backend_name], measure=False)
     compiled = torch.compile(model, backend=backend, dynamic=dynamic)
     context = torch.inference_mode if mode == "inference_mode" else torch.no_grad
     for step in range(rounds):
@@ -93,7 +94,7 @@ def _serve(
             UPDATES[update](model, step)
         for shape in SHAPES:
             with context():
-                x = torch.randn(shape)
+                x = torch.randn(shape, device=device)
                 for _ in range(calls):
                     got = compiled(x)
                     want = model(x)
@@ -116,6 +117,24 @@ def test_an_update_between_calls_is_served_and_recorded(name: str, update: str) 
     if name == "onnxruntime":
         assert all(u.refresh_s > 0 and ("initializers" in u.how or "re-export" in u.how)
                    for u in seen), seen  # fmt: skip
+
+
+_ON_CUDA = {
+    "default chain": lambda: chain(*DEFAULT_CHAIN),
+    "cudagraphs": lambda: chain("cudagraphs", measure=False),
+    "inductor+graphs": lambda: chain("inductor", cuda_graphs=True, measure=False),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("update", sorted(UPDATES))
+@pytest.mark.parametrize("name", sorted(_ON_CUDA))
+def test_an_update_on_a_gpu_is_served(name: str, update: str) -> None:
+    """On CUDA the default chain, cudagraphs and inductor under CUDA graphs (which keep
+    weights at fixed addresses) serve each kind of update right, in both grad modes."""
+    for mode in ("no_grad", "inference_mode"):
+        backend = _serve("eager", update, mode=mode, device="cuda", backend=_ON_CUDA[name]())
+        assert all(g.winner for g in backend.report.graphs), backend.report.graphs
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])

@@ -46,11 +46,18 @@ ENV = "CHAIN_INDUCTOR_PACKAGE"  # "0" / "off" / "false": no packages built (indu
 _NOT_FOR_PACKAGE = ("triton.cudagraphs", "aot_inductor.package", "cpp_wrapper")
 # Seen on an H100 (torch 2.11.0+cu130, 2026-11-27): torch's loader segfaulted the process
 # loading a CUDA package this module built (tests/test_inductor_package.py, both CUDA
-# tests). Until a GPU run shows a CUDA package loading, none is built or loaded.
+# tests). Until a GPU run shows a CUDA package loading, none is built or loaded unless
+# CHAIN_INDUCTOR_PACKAGE_CUDA=1 (the GPU checks: tests/test_inductor_package.py, cuda marker).
+CUDA_ENV = "CHAIN_INDUCTOR_PACKAGE_CUDA"
 NO_CUDA = (
     "no AOTInductor package on CUDA: torch's AOTIModelPackageLoader crashed the process "
     "(segfault) loading one on an H100 with torch 2.11"
 )
+
+
+def cuda_allowed() -> bool:
+    """Whether CUDA packages are built and loaded (CHAIN_INDUCTOR_PACKAGE_CUDA=1)."""
+    return os.environ.get(CUDA_ENV, "0").strip() == "1"
 
 
 def enabled() -> bool:
@@ -263,7 +270,7 @@ def prepare(
 
     inputs = list(example_inputs)
     device = _device_of(inputs)
-    if device.type == "cuda":
+    if device.type == "cuda" and not cuda_allowed():
         raise Unsupported(NO_CUDA)
     configs = {k: v for k, v in patches.items() if k not in _NOT_FOR_PACKAGE}
     try:

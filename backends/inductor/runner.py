@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from backends.common.files import private_file
 from backends.errors import Unsupported, one_line
-from backends.inductor.package import NO_CUDA, Header, decode, machine
+from backends.inductor.package import NO_CUDA, Header, cuda_allowed, decode, machine
 
 
 def mismatch(built_for: Mapping[str, Any], here: Mapping[str, Any]) -> str | None:
@@ -60,7 +60,7 @@ def load(data: bytes, example_inputs: Sequence[Any], patches: Mapping[str, Any])
     if len(devices) != 1:
         raise Unsupported(f"inputs on {len(devices)} devices: a package runs on one")
     device = devices.pop()
-    if device.type == "cuda" or header.built_for.get("device") == "cuda":
+    if (device.type == "cuda" or header.built_for.get("device") == "cuda") and not cuda_allowed():
         raise Unsupported(NO_CUDA)  # never built; one from elsewhere is not loaded either
     if header.inputs != len(example_inputs):
         raise Unsupported(
