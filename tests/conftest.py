@@ -22,6 +22,9 @@ os.environ["CHAIN_MEMORY"] = "0"
 # Nor do inductor winners build AOTInductor packages in the background (a second compile
 # each): tests/test_inductor_package.py turns them on in the processes it starts.
 os.environ["CHAIN_INDUCTOR_PACKAGE"] = "0"
+# no default background challengers (inductor compiles beside every test's selections);
+# the tests of the run-time race name theirs (chain.select.challenge)
+os.environ["CHAIN_CHALLENGERS"] = "none"
 
 
 def pytest_configure(config: pytest.Config) -> None:

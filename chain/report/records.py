@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chain.judge.race import RaceStats
 from chain.report import json_fields as jf
 from chain.report.attempts import (
     FAILURES,
@@ -64,6 +65,7 @@ class GraphRecord:
     sources: dict[str, str] = field(default_factory=dict)
     watch: RunChecks | None = None  # what the run-time checks did (chain.run.watch); live counts
     buckets: BucketStats | None = None  # its per-shape buckets (chain.run.buckets); live counts
+    race: RaceStats | None = None  # selection going on while it serves (chain.judge.race); live
 
     @property
     def winning_attempt(self) -> Attempt | None:
@@ -102,6 +104,7 @@ class GraphRecord:
             "timing": self.timing.to_dict() if self.timing is not None else None,
             "noisy": self.noisy,
             "buckets": self.buckets.to_dict() if self.buckets is not None else None,
+            "race": self.race.to_dict() if self.race is not None else None,
             "attempts": [a.to_dict() for a in self.attempts],
             "sources": dict(self.sources),
             "code": self.code,
@@ -139,6 +142,7 @@ class GraphRecord:
             },
             watch=RunChecks.from_dict(data.get("watch")),
             buckets=BucketStats.from_dict(data.get("buckets")),
+            race=RaceStats.from_dict(data.get("race")),
         )
 
     def __str__(self) -> str:
@@ -148,4 +152,6 @@ class GraphRecord:
         lines += [f"  {a}" for a in self.attempts]
         if self.buckets is not None:
             lines += [f"  bucket {b}" for b in self.buckets.buckets]
+        if self.race is not None:
+            lines.append(f"  {self.race}")
         return "\n".join(lines)

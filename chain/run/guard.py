@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import fx
 
 from backends.errors import BackendExit, one_line
+from chain.run.race import NOT_RACED, Racer
 from chain.run.watch import Demoted, InputsWritten, Watch
 from chain.run.watch.fast import NOT_RUN, Slow, fast_path
 from chain.run.watch.updates import Updates
@@ -76,6 +77,7 @@ class GuardedGraph:
         "damaged",
         "gm",
         "graph_id",
+        "racer",
         "updates",
         "watch_for",
     )
@@ -101,6 +103,7 @@ class GuardedGraph:
         self.chain_details = {"graph": graph_id, "winner": winner}
         self.active = self._active(fn, backend_index, watch_for(winner) if watch_for else None)
         self.damaged: WeightsDamaged | None = None  # set: every call raises until reloaded
+        self.racer: Racer | None = None  # selection going on at run time (chain.run.race)
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -145,6 +148,11 @@ class GuardedGraph:
             updates.call = next(updates.calls)
             if not updates.weights.same(args):  # the user's update: refreshed before the call
                 self._updated(args)
+        racer = self.racer
+        if racer is not None and (challenger := racer.race.due()) is not None:
+            out = racer.run(self.active, challenger, args)  # a sampled call: paired, timed
+            if out is not NOT_RACED:
+                return out
         if self.buckets is not None and (served := self.buckets.pick(args, self)) is not None:
             try:  # a hot shape's bucket, watched as a winner is
                 out, n, reason = self._bucket_call(*served, args)

@@ -172,7 +172,8 @@ class Candidates:
         if self.speed.floor_needed(attempts):
             attempts.append(self.speed.floor_attempt(eager))
             passed[EAGER] = gm.forward
-        return attempts, passed, eager
+        # the verified losers too: the run-time race's challengers (chain.select.racing)
+        return attempts, {**slow, **floored, **passed}, eager
 
     def _try(
         self,

@@ -15,7 +15,7 @@ from torch import fx
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain.judge.accuracy import relative_errors
-from chain.judge.speed import EAGER, SpeedRules, floor_at_run_time
+from chain.judge.speed import EAGER, SpeedRules, floor_at_run_time, not_decided
 from chain.judge.timing import Timing
 from chain.memory import Memory, Recall, enabled_by_env
 from chain.report import graphinfo
@@ -30,10 +30,12 @@ from chain.run.watch.updates import UpdatesOften
 from chain.select import recompiles, torch_modes
 from chain.select.attempt import dynamo_signal, one_line
 from chain.select.candidates import Candidates
+from chain.select.challenge import challenge, default_challengers
 from chain.select.isolation import Isolation, fresh_copy
 from chain.select.once import Once, Reused
 from chain.select.options import MODES as MODES  # re-exported: chain.select.core.MODES
 from chain.select.options import check_backend_options, checked
+from chain.select.racing import Racing
 from chain.select.recall import Remembered
 from chain.select.resolve import BackendSpec, resolve
 from chain.select.serving import Serving
@@ -78,6 +80,7 @@ class Chain(Remembered, Serving, Candidates):
         max_buckets: int = 8,
         max_bucket_mb: float | None = None,
         max_artefact_mb: float | None = None,
+        challengers: str | Sequence[BackendSpec] = "auto",
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -122,6 +125,10 @@ class Chain(Remembered, Serving, Candidates):
         self.memory = Memory(store, decides, max_artefact_mb) if on else None
         self._recalls: dict[int, Recall] = {}  # per graph id: its key, to forget a demoted winner
         self._once = Once(decides)  # one selection per graph in this process (chain.select.once)
+        # raced at run time once compiled in the background (chain.select.challenge)
+        self.challengers: str | tuple[Backend, ...] = (
+            challengers if isinstance(challengers, str) else tuple(resolve(b) for b in challengers)
+        )
 
     @property
     def speed(self) -> SpeedRules:
@@ -232,7 +239,39 @@ class Chain(Remembered, Serving, Candidates):
             self._recalls[record.id] = kept
         buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
         index = self._index(winner)
-        return GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets, updates)
+        guard = GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets, updates)
+        racing = Racing(self, record.id, gm, reference)  # selection goes on while it serves
+        racing.start(guard, fns)
+        if hit is None and (note := self._challenge(record, gm, inputs, reference, guard, racing)):
+            self._note(record.id, note)
+        return guard
+
+    def _challenge(
+        self,
+        record: GraphRecord,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Any,
+        guard: GuardedGraph,
+        racing: Racing,
+    ) -> str | None:
+        """Compile the candidates after the winner that were not tried, and the chain's
+        challengers, in the background; they join the graph's race (chain.select.challenge)."""
+        names = [b.name for b in self.backends]
+        tried = {a.backend for a in record.attempts if a.status is not Status.NOT_TRIED}
+        later = [b for b in self.backends if b.name not in tried]
+        if not_decided(self.report.graphs[record.id]) is None:  # eager lost, with confidence
+            later = [b for b in later if b.name != EAGER]
+        named = default_challengers(names) if self.challengers == "auto" else self.challengers
+        later += [b for b in named if b.name not in tried and b not in later]
+        if racing.why_not and later:
+            return f"challengers not compiled: {racing.why_not}"
+        return challenge(self, record.id, gm, inputs, reference, guard, later, racing.join)
+
+    def _note(self, graph_id: int, note: str) -> None:
+        """Add `note` to graph `graph_id`'s record."""
+        record = self.report.graphs[graph_id]
+        self.report.graphs[graph_id] = dataclasses.replace(record, notes=(*record.notes, note))
 
     def _save(self) -> None:
         """Rewrite the report file, if there is one (one writer at a time)."""

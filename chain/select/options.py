@@ -107,6 +107,19 @@ def cuda_graphs(value: Any) -> str | bool:
     raise BadValue("'auto', True or False")
 
 
+def challengers(value: Any) -> str | tuple[Any, ...]:
+    """`challengers`: "auto", or backends (names or callables) raced at run time."""
+    if value == "auto":
+        return value
+    if value is None:
+        return ()
+    if isinstance(value, str) or callable(value):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) or callable(v) for v in value):
+        return tuple(value)
+    raise BadValue("'auto', a backend name or callable, or a list of them")
+
+
 CHAIN_OPTIONS: dict[str, Check] = {
     "mode": one_of(*MODES),
     "verify": boolean,
@@ -129,6 +142,7 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "max_buckets": integer(low=1, high=1024),
     "max_bucket_mb": optional(number(above=0, high=2**20)),  # MiB of serving buckets; a TiB
     "max_artefact_mb": optional(number(low=0, high=2**20)),  # a TiB
+    "challengers": challengers,
 }
 
 

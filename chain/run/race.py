@@ -1,0 +1,105 @@
+"""A graph's race at run time (the decisions: chain.judge.race): on the calls the race
+samples, the server and one challenger run the same inputs, each timed alone, in turns;
+the challenger on copies of the activations (its writes never reach the caller), made
+outside its timed part. The server's answer is the call's answer once the challenger's
+matches it; a challenger that raises or answers differently leaves the race with the
+reason, and the guard's usual path (its checks, its recovery) answers the call anew. A
+promotion switches the guard to the challenger (`on_event`). Graphs that write their
+inputs are not raced (the server's writes would need undoing before the challenger runs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from backends.errors import BackendExit, one_line
+from chain.judge.compiles import compiles_running
+from chain.judge.race import PROMOTED, Pair, Race, RaceEvent, busy_now
+from chain.judge.verify import compare
+
+if TYPE_CHECKING:
+    from chain.run.guard import Active
+
+NOT_RACED = object()  # the server failed on the raced call: the guard's usual path answers
+
+
+class Racer:
+    """The race of one graph and the compiled callables of its contenders."""
+
+    __slots__ = ("copied", "fns", "on_event", "race", "sync", "tolerances")
+
+    def __init__(
+        self,
+        race: Race,
+        fns: dict[str, Callable[..., Any]],
+        copied: Sequence[int],
+        on_event: Callable[[RaceEvent, Callable[..., Any] | None], None],
+        tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
+        cuda: bool = False,
+    ) -> None:
+        self.race = race
+        self.fns = fns
+        self.copied = tuple(copied)  # the activations: a challenger runs on copies of them
+        self.on_event = on_event  # the chain records each event; a promotion switches
+        self.tolerances = tolerances
+        self.sync: Callable[[], None] = torch.cuda.synchronize if cuda else _nothing
+
+    def run(self, active: Active, challenger: str, args: tuple[Any, ...]) -> Any:
+        """Call `args` on the server (`active`) and on `challenger`, timed; the server's
+        output, or NOT_RACED when either failed (the usual path then answers)."""
+        start = time.perf_counter()
+        busy = busy_now() or bool(compiles_running())  # a compile beside it: noisy
+        fn = self.fns.get(challenger)
+        if fn is None:
+            return NOT_RACED
+        inputs = list(args)
+        for i in self.copied:
+            inputs[i] = inputs[i].detach().clone()
+        try:
+            if self.race.server_first():
+                out, server_s = self._timed(active.fn, args)
+                got, challenger_s, failed = self._challenge(fn, inputs)
+            else:
+                got, challenger_s, failed = self._challenge(fn, inputs)
+                out, server_s = self._timed(active.fn, args)
+        except Exception:  # the server's failure: the usual path calls it again and recovers
+            return NOT_RACED
+        n = self.race.calls
+        if failed is None:
+            failed = compare(out, got, self.tolerances, layout=False).reason
+            failed = f"answered differently from the server: {failed}" if failed else None
+        if failed is not None:  # the usual path answers: checked, re-verified as it would be
+            self.on_event(self.race.drop(n, challenger, f"at run time: {failed}"), None)
+            return NOT_RACED
+        cost_s = time.perf_counter() - start - server_s
+        event = self.race.pair(n, challenger, Pair(server_s, challenger_s, busy), cost_s)
+        if event is not None:
+            self.on_event(event, fn if event.what == PROMOTED else None)
+        return out
+
+    def _timed(self, fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float]:
+        self.sync()
+        start = time.perf_counter()
+        out = fn(*args)
+        self.sync()
+        return out, time.perf_counter() - start
+
+    def _challenge(
+        self, fn: Callable[..., Any], inputs: list[Any]
+    ) -> tuple[Any, float, str | None]:
+        """The challenger's output and time, or why it failed (it never raises)."""
+        try:
+            out, took = self._timed(fn, inputs)
+        except Exception as exc:
+            return None, 0.0, f"raised {one_line(exc)}"
+        except SystemExit as exc:
+            return None, 0.0, f"raised {one_line(BackendExit(exc))}"
+        return out, took, None
+
+
+def _nothing() -> None:
+    """No device to wait for."""

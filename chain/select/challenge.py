@@ -1,0 +1,183 @@
+"""Challengers compiled off the caller's path: in mode "first", once a graph's winner
+serves, the candidates after it and the chain's `challengers` (by default inductor where it
+is installed and not in the chain) compile and verify on a background thread, then join
+the graph's run-time race (chain.select.racing). The first call pays only for the first
+candidate that passes.
+
+One daemon thread per process takes the challenges in turn, each starting when no backend
+compile runs in the process (a selection in flight) and marked as a compile itself, so a
+timing run beside it waits or records it as noise. A challenger is verified by the
+chain's rule (`try_backend`) on the graph's recorded inputs, against its reference (float64
+where selection ran it). Every outcome is a note on the graph's record. Graphs with
+symbolic sizes are not challenged (a background compile sees one set of concrete sizes).
+A leaving process does not wait: the thread is abandoned (nothing is kept from it).
+CHAIN_CHALLENGERS=none turns the default off (the test suite does; tests that race name
+their challengers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from backends.errors import one_line
+from backends.registry import Backend, lookup_backend
+from chain.judge.compiles import compiles_running, compiling, quiet
+from chain.report.records import Status
+from chain.select.attempt import Reference, try_backend
+from chain.select.deferred import snapshot
+
+if TYPE_CHECKING:
+    from chain.run.guard import GuardedGraph
+    from chain.select.core import Chain
+
+log = logging.getLogger("chain")
+ENV = "CHAIN_CHALLENGERS"  # "none": no default challengers (named ones still race)
+AUTO = "auto"
+
+
+def default_challengers(chain_names: list[str]) -> list[Backend]:
+    """`challengers="auto"`: inductor where it is installed and not in the chain."""
+    if os.environ.get(ENV, "").strip().lower() in ("none", "0", "off"):
+        return []
+    if "inductor" in chain_names:
+        return []
+    inductor = lookup_backend("inductor")
+    return [inductor] if not inductor.available() else []
+
+
+@dataclass(frozen=True)
+class Challenge:
+    """Compile and verify `backends` for graph `record_id`, then race each that passes."""
+
+    chain: Chain
+    record_id: int
+    backends: tuple[Backend, ...]
+    gm: fx.GraphModule
+    inputs: list[Any]
+    reference: Reference
+    guard: GuardedGraph
+    join: Callable[[GuardedGraph, str, Callable[..., Any]], str]  # races it; the note
+    grad: bool
+    inference: bool
+
+
+def challenge(
+    chain: Chain,
+    record_id: int,
+    gm: fx.GraphModule,
+    inputs: list[Any],
+    reference: Reference,
+    guard: GuardedGraph,
+    backends: list[Backend],
+    join: Callable[[GuardedGraph, str, Callable[..., Any]], str],
+) -> str | None:
+    """Queue the graph's challengers; the note saying why none are (None: none to try)."""
+    if not backends:
+        return None
+    symbolic = any(
+        isinstance(x, torch.SymInt)
+        or (isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape))
+        for x in inputs
+    )
+    if symbolic or not reference.runnable:
+        why = "symbolic sizes" if symbolic else "its inputs are not recorded"
+        return f"challengers not compiled ({why}): {', '.join(b.name for b in backends)}"
+    job = Challenge(
+        chain, record_id, tuple(backends), gm, list(reference.runs or ()), snapshot(reference),
+        guard, join, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+    )  # fmt: skip
+    _submit(job)
+    return None
+
+
+_queue: queue.Queue[Challenge] = queue.Queue()
+_lock = threading.Lock()
+_worker: threading.Thread | None = None
+
+
+def _submit(job: Challenge) -> None:
+    global _worker
+    with _lock:
+        _queue.put(job)
+        if _worker is None:
+            _worker = threading.Thread(target=_work, name="chain-challengers", daemon=True)
+            _worker.start()
+
+
+def wait(timeout_s: float | None = None) -> bool:
+    """Wait for the queued challenges to end; False if some still run after `timeout_s`."""
+    with _lock:
+        worker = _worker
+    if worker is not None:
+        worker.join(timeout_s)
+        return not worker.is_alive()
+    return True
+
+
+def _work() -> None:
+    """Take challenges until none is left, then end."""
+    global _worker
+    while True:
+        with _lock:
+            try:
+                job = _queue.get_nowait()
+            except queue.Empty:
+                _worker = None
+                return
+        for backend in job.backends:
+            try:
+                note = _run(job, backend)
+            except Exception as error:  # every failure is the graph's note, never lost
+                log.warning("graph %d: challenger %s failed", job.record_id, backend.name,
+                            exc_info=True)  # fmt: skip
+                note = f"challenger {backend.name} failed in the background: {one_line(error)}"
+            _noted(job, note)
+
+
+def _run(job: Challenge, backend: Backend) -> str:
+    """Compile and verify one challenger; race it if it passes. The note on the outcome."""
+    while compiles_running():  # a selection in flight goes first
+        quiet(60.0)
+    name = backend.name
+    start = time.perf_counter()
+    with (
+        compiling(f"{name} (challenger)"),
+        torch.inference_mode(job.inference),
+        torch.set_grad_enabled(job.grad),
+    ):
+        attempt, fn = try_backend(
+            backend,
+            job.gm,
+            job.inputs,
+            job.reference,
+            options=job.chain.options.get(name, {}),
+            max_retries=0,
+            timeout_s=job.chain.compile_timeout_s,
+            strict=False,
+        )
+    took = time.perf_counter() - start
+    if fn is None or attempt.status is not Status.WON:
+        return f"challenger {name}: {attempt.status}: {attempt.reason}"
+    joined = job.join(job.guard, name, fn)
+    return f"challenger {name} compiled and verified in the background in {took:.1f} s; {joined}"
+
+
+def _noted(job: Challenge, note: str) -> None:
+    """Add `note` to the graph's record (and the report file); log it."""
+    log.info("graph %d: %s", job.record_id, note)
+    graphs = job.chain.report.graphs
+    if job.record_id < len(graphs):
+        record = graphs[job.record_id]
+        graphs[job.record_id] = dataclasses.replace(record, notes=(*record.notes, note))
+        job.chain._save()

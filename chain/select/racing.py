@@ -1,0 +1,133 @@
+"""Whether a graph's selection goes on as a race while the model serves, and how each of
+the race's events changes the graph's record (chain.judge.race decides; chain.run.race runs).
+
+A graph races when its decision compared speeds and is not decided enough to remember
+(an undecided verdict against eager, or noisy timings: `chain.judge.speed.not_decided`):
+the winner serves and every other verified candidate, eager among them, challenges it on
+sampled calls. Challengers compiled later in the background (chain.select.challenge) join
+the race, or start one. Not raced: graphs that write their inputs, graphs served by shape
+buckets, and chains that do not measure (`measure=False`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from chain.judge.race import PROMOTED, Race, RaceEvent
+from chain.judge.speed import EAGER, not_decided
+from chain.report.records import UNDECIDED, Attempt, GraphRecord, Status
+from chain.run.guard import _FALLBACK
+from chain.run.race import Racer
+from chain.select.attempt import Reference
+
+if TYPE_CHECKING:
+    from chain.run.guard import GuardedGraph
+    from chain.select.core import Chain
+
+
+class Racing:
+    """One graph's race as the chain sees it: started, joined, and each event recorded."""
+
+    def __init__(
+        self, chain: Chain, graph_id: int, gm: fx.GraphModule, reference: Reference
+    ) -> None:
+        self.chain = chain
+        self.graph_id = graph_id
+        self.gm = gm
+        self.reference = reference
+        self.why_not = why_not_raced(chain, reference)
+
+    def start(self, guard: GuardedGraph, fns: dict[str, Callable[..., Any]]) -> None:
+        """Race the graph's verified losers (eager among them) against its winner when its
+        decision is not decided enough to remember."""
+        record = self.chain.report.graphs[self.graph_id]
+        why = not_decided(record)
+        if why is None or record.winner is None or self.why_not or guard.buckets is not None:
+            return
+        contenders = {**fns, EAGER: fns.get(EAGER, self.gm.forward)}
+        won = record.winning_attempt
+        provisional = won is not None and won.verdict != UNDECIDED  # decided, on noisy timing
+        self._race(guard, record.winner, contenders, provisional, f"racing at run time: {why}")
+
+    def join(self, guard: GuardedGraph, name: str, fn: Callable[..., Any]) -> str:
+        """A challenger compiled in the background joins the race (or starts one)."""
+        with _FALLBACK:
+            if self.why_not or guard.buckets is not None:
+                return f"not raced ({self.why_not or 'the graph is served by shape buckets'})"
+            racer = guard.racer
+            if racer is not None:
+                racer.fns[name] = fn
+                racer.race.add(name)
+                self.chain._save()
+                return f"racing it against {racer.race.stats.server}"
+            server = guard.winner
+            self._race(guard, server, {server: guard.fn, name: fn}, False, None)
+            return f"racing it against {server}"
+
+    def _race(
+        self,
+        guard: GuardedGraph,
+        server: str,
+        contenders: dict[str, Callable[..., Any]],
+        provisional: bool,
+        note: str | None,
+    ) -> None:
+        challengers = [name for name in contenders if name != server]
+        if not challengers:
+            return
+        race = Race(server, challengers, provisional=provisional)
+        record = self.chain.report.graphs[self.graph_id]
+        notes = (*record.notes, note) if note else record.notes
+        self.chain.report.graphs[self.graph_id] = dataclasses.replace(
+            record, race=race.stats, notes=notes
+        )
+        runs = self.reference.runs or ()
+        cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in runs)
+        copied = self.reference.isolation.copied if self.reference.isolation else ()
+
+        def on_event(event: RaceEvent, fn: Callable[..., Any] | None) -> None:
+            with _FALLBACK:  # one writer of the report at a time (a fallback may be writing)
+                _record(self.chain, self.graph_id, event)
+                if fn is not None:
+                    guard.switch(fn, self.chain._index(event.backend), event.backend)
+                if race.over:
+                    guard.racer = None
+
+        guard.racer = Racer(race, contenders, copied, on_event, self.reference.tolerances, cuda)
+
+
+def why_not_raced(chain: Chain, reference: Reference) -> str | None:
+    """Why no race can run on this graph (None: one can)."""
+    if not chain.measure:
+        return "measure=False"
+    if reference.wrote:
+        return "the graph writes its inputs"
+    if reference.isolation is None or not reference.runnable:
+        return "its inputs are not recorded"
+    return None
+
+
+def _record(chain: Chain, graph_id: int, event: RaceEvent) -> None:
+    """A promotion makes the challenger the graph's winner (the old one: slower, with the
+    race's evidence); the report file is rewritten. Other events live in the race's stats."""
+    if event.what != PROMOTED:
+        chain._save()
+        return
+    record: GraphRecord = chain.report.graphs[graph_id]
+    old = record.winner
+    attempts = [
+        dataclasses.replace(a, status=Status.SLOWER, reason=f"lost the run-time race: {event}")
+        if a.backend == old and a.status is Status.WON
+        else dataclasses.replace(a, status=Status.WON, reason=f"won the run-time race: {event}")
+        if a.backend == event.backend
+        else a
+        for a in record.attempts
+    ]
+    if not any(a.backend == event.backend for a in attempts):
+        attempts.append(Attempt(event.backend, Status.WON, f"won the run-time race: {event}"))
+    chain._finish(record, tuple(attempts), None)

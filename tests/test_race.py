@@ -1,0 +1,131 @@
+"""The run-time race's decisions (chain.judge.race) on synthetic paired times: promotion,
+retirement, hysteresis, noisy evidence kept provisional, the cost bound, no flapping."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from chain.judge import race
+from chain.judge.race import Pair, Race, RaceStats, judge
+
+
+def _pairs(ratio: float, n: int, busy: bool = False, seed: int = 0, jitter: float = 0.05):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        server = 1e-3 * rng.lognormvariate(0, jitter)
+        out.append(Pair(server, server * ratio * rng.lognormvariate(0, jitter), busy))
+    return out
+
+
+def _serve(r: Race, ratios: dict[str, float], calls: int, busy=lambda n: False, seed: int = 0):
+    """Drive `r` for `calls` calls: each due pair gets times with the challenger at
+    `ratios[challenger] / ratios[server]` of the server; returns the events."""
+    rng = random.Random(seed)
+    events = []
+    for n in range(1, calls + 1):
+        challenger = r.due()
+        if challenger is None:
+            continue
+        server_s = 1e-3 * ratios[r.stats.server] * rng.lognormvariate(0, 0.05)
+        challenger_s = 1e-3 * ratios[challenger] * rng.lognormvariate(0, 0.05)
+        event = r.pair(n, challenger, Pair(server_s, challenger_s, busy(n)), challenger_s)
+        if event is not None:
+            events.append(event)
+    return events
+
+
+def test_too_few_pairs_decide_nothing() -> None:
+    assert judge(_pairs(0.5, race.MIN_PAIRS - 1)) is None
+
+
+@pytest.mark.parametrize(("ratio", "kind"), [(0.8, race.FASTER), (1.0, race.NOT_FASTER),
+                                             (1.3, race.NOT_FASTER)])  # fmt: skip
+def test_a_clear_window_is_decided(ratio: float, kind: str) -> None:
+    verdict = judge(_pairs(ratio, race.RETIRE_WINDOW))
+    assert verdict is not None and verdict.kind == kind and not verdict.noisy
+    assert verdict.ratio == pytest.approx(ratio, rel=0.1)
+
+
+def test_a_faster_challenger_is_promoted_after_hysteresis() -> None:
+    r = Race("eager", ["onnxruntime"])
+    events = _serve(r, {"eager": 1.0, "onnxruntime": 0.7}, 5000)
+    promoted = [e for e in events if e.what == "promoted"]
+    assert [e.backend for e in promoted] == ["onnxruntime"], events
+    assert r.stats.server == "onnxruntime" and r.stats.challengers == ["eager"]
+    assert "faster" in promoted[0].why and "quiet evidence" in promoted[0].why
+    # then eager is raced against it, found not faster, and the race ends
+    assert r.stats.state == "decided" and r.over
+    assert [e.what for e in events] == ["promoted", "retired"]
+
+
+def test_an_equal_challenger_is_never_promoted() -> None:
+    """A twin of the server (same speed, 5% noise) over many seeds: retired, never promoted."""
+    for seed in range(40):
+        r = Race("inductor", ["onnxruntime"])
+        events = _serve(r, {"inductor": 1.0, "onnxruntime": 1.0}, 3000, seed=seed)
+        assert not [e for e in events if e.what == "promoted"], (seed, events)
+
+
+def test_a_slower_server_is_demoted_to_eager() -> None:
+    """Eager as a challenger: a server 2x slower than eager loses the graph to it."""
+    r = Race("onnxruntime", ["eager"])
+    events = _serve(r, {"onnxruntime": 2.0, "eager": 1.0}, 3000)
+    assert events[0].what == "promoted" and events[0].backend == "eager"
+
+
+def test_a_verdict_under_load_is_provisional_and_revisited_when_quiet() -> None:
+    """Under load onnxruntime looks faster (the noise favours it); it is promoted
+    provisionally; once the machine is quiet, the truth (inductor faster) takes over."""
+    r = Race("inductor", ["onnxruntime"])
+    under_load = {"inductor": 1.0, "onnxruntime": 0.6}
+    events = _serve(r, under_load, 3000, busy=lambda n: True)
+    assert events and events[0].what == "promoted" and "noisy evidence" in events[0].why
+    assert r.stats.state == "provisional" and not r.over
+    quiet = {"inductor": 0.8, "onnxruntime": 1.0}
+    more = _serve(r, quiet, 100_000)  # the pairs' call numbers restart: only order matters
+    assert r.stats.server == "inductor", more
+    assert r.over and r.stats.state == "decided"
+
+
+def test_the_race_costs_at_most_its_share_of_serving_time() -> None:
+    r = Race("eager", ["a", "b"])
+    ratios = {"eager": 1.0, "a": 1.0, "b": 1.02}  # nothing to win: the race runs long
+    _serve(r, ratios, 20_000)
+    stats = r.stats
+    assert stats.pairs > 20 and r.server_s is not None
+    two_pairs = 2.4e-3  # the bound holds before each pair; the last one may overshoot it
+    assert stats.race_s <= race.RATE * stats.served_s + two_pairs, stats
+    assert stats.served_s == pytest.approx(r._counted * 1e-3, rel=0.1)
+
+
+def test_flapping_ends_the_race() -> None:
+    """Regimes that flip every few hundred calls: at most MAX_SWITCHES promotions, then the
+    race ends where it stands."""
+    r = Race("a", ["b"])
+    events = []
+    for block in range(40):
+        fast, slow = ("a", "b") if block % 2 else ("b", "a")
+        events += _serve(r, {fast: 0.5, slow: 1.0}, 400, seed=block)
+    promoted = [e for e in events if e.what == "promoted"]
+    assert len(promoted) <= race.MAX_SWITCHES
+    assert r.stats.state in ("ended", "decided")
+
+
+def test_a_dropped_challenger_leaves_the_race() -> None:
+    r = Race("eager", ["onnxruntime"])
+    event = r.drop(7, "onnxruntime", "answered wrong at run time")
+    assert event.what == "dropped" and r.stats.challengers == [] and r.over
+    assert r.due() is None
+
+
+def test_race_stats_round_trip() -> None:
+    r = Race("eager", ["onnxruntime"])
+    _serve(r, {"eager": 1.0, "onnxruntime": 0.7}, 3000)
+    back = RaceStats.from_dict(r.stats.to_dict())
+    assert back == r.stats
+    assert "onnxruntime serves" in str(back) and "promoted" in str(back)
+    with pytest.raises(TypeError, match="race should be an object"):
+        RaceStats.from_dict([1])
