@@ -39,6 +39,8 @@ def chain(*backends: object, **kwargs: object) -> Chain:
     - `watch`, `reverify_rate`: the run-time checks and the share of time re-verifying
     - `memory`, `store`, `max_artefact_mb`: remembered decisions and their store
     - `bucket_after`, `max_buckets`, `max_bucket_mb`: per-shape buckets
+    - `challengers`: backends compiled in the background and raced against the winner
+      at run time ("auto": inductor where installed)
 
     Each is described in [Options](guide/options.md#chain-options).
     """

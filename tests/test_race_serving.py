@@ -127,6 +127,12 @@ def test_a_faster_challenger_compiled_later_is_promoted(mode: str) -> None:
     assert any("challenger quick compiled and verified" in n for n in graph.notes), graph.notes
     lost = next(a for a in graph.attempts if a.backend == "slow")
     assert "lost the run-time race" in lost.reason
+    # the report shows the race: text, markdown and HTML
+    from chain.report.look import html
+
+    for shown in (backend.report.render(width=200), backend.report.to_markdown()):
+        assert f"call {promoted[0].call}: {promoted[0].backend} promoted" in shown
+    assert f'id="race-{graph.id}"' in html.fragment(backend.report)
     assert graph.race.race_s <= RATE * graph.race.served_s + 0.05  # its share, plus a pair
 
 

@@ -292,6 +292,7 @@ class Race:
         self.windows = {c: deque(maxlen=RETIRE_WINDOW) for c in stats.challengers}  # new server
         self.streaks.clear()
         self.quiet_retired.clear()
+        stats.evidence.clear()  # against the old server: read anew against the new one
         self.provisional = verdict.noisy
         stats.state = "provisional" if verdict.noisy else "racing"
         event = RaceEvent(call, PROMOTED, challenger, f"over {old}: {verdict}")

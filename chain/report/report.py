@@ -288,7 +288,22 @@ class Report:
         )
         buckets = self.buckets_table(width)
         reasons = self.full_reasons() if failures_only else []
-        return Group(graphs, attempts, *([buckets] if buckets is not None else []), *reasons)
+        races = [Text(printable(line), overflow="fold") for line in self.race_lines()]
+        return Group(
+            graphs, attempts, *([buckets] if buckets is not None else []), *races, *reasons
+        )
+
+    def race_lines(self) -> list[str]:
+        """Per raced graph (chain.judge.race): who serves, who challenges, the evidence so
+        far, each promotion, retirement or drop with its call number."""
+        out = []
+        for graph in self.graphs:
+            race = graph.race
+            if race is None:
+                continue
+            out.append(f"graph {graph.id}: {race}")
+            out += [f"  {name}: {verdict}" for name, verdict in race.evidence.items()]
+        return out
 
     def full_reasons(self) -> list[Text]:
         """Each failed attempt's whole reason, a paragraph each, wrapped on words (a word
@@ -345,6 +360,8 @@ class Report:
         ]
         if buckets := self.bucket_rows():
             lines += ["", *markdown(BUCKET_COLUMNS, buckets)]
+        if races := self.race_lines():
+            lines += ["", *(f"- {line.strip()}" for line in races)]
         return "\n".join(lines) + f"\n\n{self.summary_line()}\n"
 
     def to_csv(self, failures_only: bool = False) -> str:

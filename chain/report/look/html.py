@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from backends.common.files import atomic_write
 from chain.judge.accuracy import MULTIPLE
+from chain.judge.race import RaceStats
 from chain.report.bucket_stats import BucketStats
 from chain.report.look import svg
 from chain.report.records import Attempt, GraphRecord, Status
@@ -220,7 +221,27 @@ def _graph_section(graph: GraphRecord) -> str:
     parts.append(_table(headers, _attempt_rows(graph), "attempts"))
     if graph.buckets is not None and graph.buckets.buckets:
         parts.append(_buckets(graph, graph.buckets))
+    if graph.race is not None:
+        parts.append(_race(graph, graph.race))
     return "".join(parts) + "</details>"
+
+
+def _race(graph: GraphRecord, race: RaceStats) -> str:
+    """The graph's run-time race (chain.judge.race): who serves and challenges, the evidence
+    per challenger, and each event with its call number."""
+    share = race.race_s / race.served_s if race.served_s else 0.0
+    head = (
+        f"Run-time race ({race.state}): {race.server} serves; challengers "
+        f"{', '.join(race.challengers) or 'none'}; {race.pairs} paired calls, "
+        f"{share:.1%} of serving time"
+    )
+    evidence = "".join(f"<li>{_e(k)}: {_e(v)}</li>" for k, v in race.evidence.items())
+    rows = [[_n(str(e.call)), _e(e.what), _e(e.backend), _e(e.why)] for e in race.events]
+    table = _table(("call", "event", "backend", "why"), rows, "race") if rows else ""
+    return (
+        f'<div id="race-{graph.id}"><p>{_e(head)}</p>'
+        f"{f'<ul>{evidence}</ul>' if evidence else ''}{table}</div>"
+    )
 
 
 def _buckets(graph: GraphRecord, stats: BucketStats) -> str:
