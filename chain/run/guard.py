@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -13,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import fx
 
 from backends.errors import BackendExit, one_line
+from chain.run.calls import checked as _checked
+from chain.run.calls import judged as _judged
 from chain.run.race import NOT_RACED, Racer
 from chain.run.watch import Demoted, InputsWritten, Watch
 from chain.run.watch.fast import NOT_RUN, Slow, fast_path
@@ -77,6 +78,7 @@ class GuardedGraph:
         "damaged",
         "gm",
         "graph_id",
+        "later",
         "racer",
         "updates",
         "watch_for",
@@ -104,6 +106,7 @@ class GuardedGraph:
         self.active = self._active(fn, backend_index, watch_for(winner) if watch_for else None)
         self.damaged: WeightsDamaged | None = None  # set: every call raises until reloaded
         self.racer: Racer | None = None  # selection going on at run time (chain.run.race)
+        self.later: Callable[[], None] | None = None  # run once, at the next call (challengers)
 
     @property
     def fn(self) -> Callable[..., Any]:
@@ -148,6 +151,8 @@ class GuardedGraph:
             updates.call = next(updates.calls)
             if not updates.weights.same(args):  # the user's update: refreshed before the call
                 self._updated(args)
+        if self.later is not None:
+            self._run_later()
         racer = self.racer
         if racer is not None and (challenger := racer.race.due()) is not None:
             out = racer.run(self.active, challenger, args)  # a sampled call: paired, timed
@@ -312,6 +317,14 @@ class GuardedGraph:
             "(reload the model's weights) and call again."
         )
 
+    def _run_later(self) -> None:
+        """The work the chain left for the graph's second call (compiling challengers), once;
+        other threads' calls meanwhile wait for it."""
+        with _FALLBACK:
+            later, self.later = self.later, None
+            if later is not None:
+                later()
+
     def _recover(
         self, active: Active, exc: Exception, args: tuple[Any, ...], kept: dict[int, Any] | None
     ) -> Any:
@@ -363,42 +376,3 @@ class GuardedGraph:
         with _FALLBACK:
             if self.active is active:
                 self.chain.fall_back(self, exc, args)
-
-
-def _checked(
-    fn: Callable[..., Any],
-    watch: Watch,
-    n: int,
-    args: tuple[Any, ...],
-    kept: dict[int, Any] | None,
-    scan: bool | None = None,
-) -> tuple[Any, str | None]:
-    """Call `n` of `fn` under `watch`: re-verified when the schedule says so or the cheap
-    checks find it suspect, else checked (and timed, when the schedule asks, to book what
-    a re-verification slowed); (output, why it is wrong)."""
-    schedule = watch.schedule
-    if n < schedule.mark:
-        out = fn(*args)
-    elif n >= schedule.due:
-        return watch.reverify(n, args, kept, lambda: fn(*args))
-    else:  # a call around a re-verification
-        start = time.perf_counter()
-        out = fn(*args)
-        watch.timed(n, time.perf_counter() - start)
-    return _judged(watch, n, args, kept, out, scan)
-
-
-def _judged(
-    watch: Watch,
-    n: int,
-    args: tuple[Any, ...],
-    kept: dict[int, Any] | None,
-    out: Any,
-    scan: bool | None,
-) -> tuple[Any, str | None]:
-    """The checks of call `n` after the winner returned `out`; a suspect call (NaN/inf
-    found) is re-verified at once."""
-    reason, suspect = watch.check(n, args, out, scan)
-    if reason is None and suspect and watch.can_reverify_after(kept):
-        return watch.reverify(n, args, kept, lambda: out, timed=False)
-    return out, reason

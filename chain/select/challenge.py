@@ -1,16 +1,21 @@
-"""Challengers compiled off the caller's path: in mode "first", once a graph's winner
+"""Challengers compiled after the first call: in mode "first", once a graph's winner
 serves, the candidates after it and the chain's `challengers` (by default inductor where it
-is installed and not in the chain) compile and verify on a background thread, then join
-the graph's run-time race (chain.select.racing). The first call pays only for the first
-candidate that passes.
+is installed and not in the chain; on CUDA also its CUDA graphs variant) compile and verify
+at the graph's second call, then join the graph's run-time race (chain.select.racing). The
+first call pays only for the first candidate that passes.
 
-One daemon thread per process takes the challenges in turn, each starting when no backend
-compile runs in the process (a selection in flight) and marked as a compile itself, so a
-timing run beside it waits or records it as noise. A challenger is verified by the
-chain's rule (`try_backend`) on the graph's recorded inputs, against its reference (float64
-where selection ran it). Every outcome is a note on the graph's record. Graphs with
-symbolic sizes are not challenged (a background compile sees one set of concrete sizes).
-A leaving process does not wait: the thread is abandoned (nothing is kept from it).
+Why not on a background thread: compiling traces the graph with torch.fx, which patches
+`nn.Module.__call__` and sets a tracing flag process-wide while it runs; a serving thread
+calling the compiled model meanwhile raises ("Detected that you are using FX to
+symbolically trace a dynamo-optimized function"; seen on the first try, then the process
+ended in `std::terminate`). On the calling thread, between its own calls, nothing of this
+model runs beside it when it is served from one thread; under several serving threads it
+is the hazard any recompile has. A compile in a child process would avoid it: not built.
+
+A challenger is verified by the chain's rule (`try_backend`) on the graph's recorded
+inputs, against its reference (float64 where selection ran it), marked as a compile (a
+timing run beside it records it as noise). Every outcome is a note on the graph's record.
+Graphs with symbolic sizes are not challenged (the compile sees one set of concrete sizes).
 CHAIN_CHALLENGERS=none turns the default off (the test suite does; tests that race name
 their challengers).
 """
@@ -20,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,8 +35,9 @@ from torch import fx
 
 from backends.errors import one_line
 from backends.registry import Backend, lookup_backend
-from chain.judge.compiles import compiles_running, compiling, quiet
+from chain.judge.compiles import compiling
 from chain.report.records import Status
+from chain.run.graphs import base_name
 from chain.select.attempt import Reference, try_backend
 from chain.select.deferred import snapshot
 
@@ -97,58 +101,27 @@ def challenge(
         chain, record_id, tuple(backends), gm, list(reference.runs or ()), snapshot(reference),
         guard, join, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
     )  # fmt: skip
-    _submit(job)
+    # the guard's first call is still the user's first call (dynamo runs the graph it was
+    # just handed): it arms the second, which compiles the challengers, once
+    guard.later = lambda: setattr(guard, "later", lambda: run(job))
     return None
 
 
-_queue: queue.Queue[Challenge] = queue.Queue()
-_lock = threading.Lock()
-_worker: threading.Thread | None = None
-
-
-def _submit(job: Challenge) -> None:
-    global _worker
-    with _lock:
-        _queue.put(job)
-        if _worker is None:
-            _worker = threading.Thread(target=_work, name="chain-challengers", daemon=True)
-            _worker.start()
-
-
-def wait(timeout_s: float | None = None) -> bool:
-    """Wait for the queued challenges to end; False if some still run after `timeout_s`."""
-    with _lock:
-        worker = _worker
-    if worker is not None:
-        worker.join(timeout_s)
-        return not worker.is_alive()
-    return True
-
-
-def _work() -> None:
-    """Take challenges until none is left, then end."""
-    global _worker
-    while True:
-        with _lock:
-            try:
-                job = _queue.get_nowait()
-            except queue.Empty:
-                _worker = None
-                return
-        for backend in job.backends:
-            try:
-                note = _run(job, backend)
-            except Exception as error:  # every failure is the graph's note, never lost
-                log.warning("graph %d: challenger %s failed", job.record_id, backend.name,
-                            exc_info=True)  # fmt: skip
-                note = f"challenger {backend.name} failed in the background: {one_line(error)}"
-            _noted(job, note)
+def run(job: Challenge) -> None:
+    """Compile, verify and race each challenger in turn (on the calling thread); every
+    outcome is the graph's note."""
+    for backend in job.backends:
+        try:
+            note = _run(job, backend)
+        except Exception as error:  # every failure is the graph's note, never lost
+            log.warning("graph %d: challenger %s failed", job.record_id, backend.name,
+                        exc_info=True)  # fmt: skip
+            note = f"challenger {backend.name} failed: {one_line(error)}"
+        _noted(job, note)
 
 
 def _run(job: Challenge, backend: Backend) -> str:
     """Compile and verify one challenger; race it if it passes. The note on the outcome."""
-    while compiles_running():  # a selection in flight goes first
-        quiet(60.0)
     name = backend.name
     start = time.perf_counter()
     with (
@@ -161,7 +134,7 @@ def _run(job: Challenge, backend: Backend) -> str:
             job.gm,
             job.inputs,
             job.reference,
-            options=job.chain.options.get(name, {}),
+            options=job.chain.options.get(base_name(name), {}),
             max_retries=0,
             timeout_s=job.chain.compile_timeout_s,
             strict=False,
@@ -170,7 +143,7 @@ def _run(job: Challenge, backend: Backend) -> str:
     if fn is None or attempt.status is not Status.WON:
         return f"challenger {name}: {attempt.status}: {attempt.reason}"
     joined = job.join(job.guard, name, fn)
-    return f"challenger {name} compiled and verified in the background in {took:.1f} s; {joined}"
+    return f"challenger {name} compiled and verified at call 2 in {took:.1f} s; {joined}"
 
 
 def _noted(job: Challenge, note: str) -> None:

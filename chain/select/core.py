@@ -264,6 +264,9 @@ class Chain(Remembered, Serving, Candidates):
             later = [b for b in later if b.name != EAGER]
         named = default_challengers(names) if self.challengers == "auto" else self.challengers
         later += [b for b in named if b.name not in tried and b not in later]
+        if self.challengers == "auto" and self.graphs.why_not(gm, inputs) is None:
+            graphed = [v for b in later if (v := self.graphs.variant(b)) is not None]
+            later += [v for v in graphed if v.name not in tried]  # on CUDA: inductor+graphs
         if racing.why_not and later:
             return f"challengers not compiled: {racing.why_not}"
         return challenge(self, record.id, gm, inputs, reference, guard, later, racing.join)
