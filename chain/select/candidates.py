@@ -40,30 +40,19 @@ class Selected:
     hit: bool = False
 
 
+@dataclasses.dataclass
 class Selection:
     """The selection stage: eager's reference run, then the chain's backends in order
     (compiled, run, verified, timed), under the chain's options."""
 
-    def __init__(
-        self,
-        backends: tuple[Backend, ...],
-        options: dict[str, dict[str, Any]],
-        graphs: GraphsStage,
-        speed: SpeedRules,
-        *,
-        mode: str,
-        verify: bool,
-        tolerances: dict[torch.dtype, tuple[float, float]] | None,
-        max_retries: int,
-    ) -> None:
-        self.backends = backends
-        self.options = options
-        self.graphs = graphs
-        self.speed = speed
-        self.mode = mode
-        self.verify = verify
-        self.tolerances = tolerances
-        self.max_retries = max_retries
+    backends: tuple[Backend, ...]
+    options: dict[str, dict[str, Any]]  # per backend, the user's options for it
+    graphs: GraphsStage  # the CUDA graphs stage (chain.run.graphs)
+    speed: SpeedRules
+    mode: str
+    verify: bool
+    tolerances: dict[torch.dtype, tuple[float, float]] | None
+    max_retries: int
 
     def reference(
         self,

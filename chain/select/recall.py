@@ -24,24 +24,17 @@ from chain.select.once import Reused
 from chain.select.records import Records
 
 
+@dataclasses.dataclass
 class Remembered:
     """The decision store's stage of selection (chain.memory): look a graph up, compile a
     remembered winner alone, and keep a new decision with its winner's artefact."""
 
-    def __init__(
-        self,
-        memory: Memory | None,
-        selection: Selection,
-        records: Records,
-        eager_floor: bool,
-    ) -> None:
-        self.memory = memory
-        self.selection = selection
-        self.records = records
-        self.eager_floor = eager_floor
-        self.backends = selection.backends
-        self.graphs = selection.graphs
-        self._kept: dict[int, Recall] = {}  # per graph id: its key, to forget a demoted winner
+    memory: Memory | None  # None: the store is off
+    selection: Selection  # compiles and verifies a remembered winner
+    records: Records
+    eager_floor: bool
+    # per graph id: its key, to forget a demoted winner
+    _kept: dict[int, Recall] = dataclasses.field(default_factory=dict, init=False)
 
     def lookup(self, gm: fx.GraphModule, inputs: list[Any]) -> Recall | None:
         """The store's entry for `gm` on `inputs` (None: the store is off)."""
@@ -110,12 +103,13 @@ class Remembered:
         None: no decision, or its winner failed now (noted on the record; selection runs)."""
         if recall is None or (decision := recall.decision) is None:
             return None
-        names = [b.name for b in self.backends]
+        names = [b.name for b in self.selection.backends]
         if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
             fresh, fn = decision.winning_attempt, gm.forward
         elif base_name(decision.winner) in names:
-            backend = self.backends[names.index(base_name(decision.winner))]
-            variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
+            backend = self.selection.backends[names.index(base_name(decision.winner))]
+            graphs = self.selection.graphs
+            variant = backend if decision.winner == backend.name else graphs.variant(backend)
             fresh, fn, note = self._from_artefact(backend, gm, inputs, reference, recall)
             self.records.note(graph_id, note)
             if fn is None:
@@ -190,10 +184,10 @@ class Remembered:
         artefact offered to build later (inductor's package) is built in the background
         (chain.select.deferred) when the decision is kept (`decided`) and worth it."""
         winner = record.winning_attempt
-        names = [b.name for b in self.backends]
+        names = [b.name for b in self.selection.backends]
         if self.memory is None or winner is None or base_name(winner.backend) not in names:
             return None
-        backend = self.backends[names.index(base_name(winner.backend))]
+        backend = self.selection.backends[names.index(base_name(winner.backend))]
         if "artefact" in winner.details or backend.reuse is None:
             return None
         fn = fns.get(winner.backend)

@@ -3,6 +3,7 @@ and the per-shape buckets (chain.run.buckets), built from what selection found."
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,32 +32,19 @@ from chain.select.records import Records
 log = logging.getLogger("chain")
 
 
+@dataclasses.dataclass
 class ServingPlan:
     """The serving stage: a graph's winner guarded (chain.run.guard), with its run-time
     checks and weight updates (chain.run.watch) and its per-shape buckets (chain.run.buckets)."""
 
-    def __init__(
-        self,
-        selection: Selection,
-        records: Records,
-        memory: Memory | None,
-        *,
-        watch: bool,
-        reverify_rate: float,
-        bucket_after: int | None,
-        max_buckets: int,
-        max_bucket_mb: float | None,
-    ) -> None:
-        self.selection = selection
-        self.records = records
-        self.memory = memory
-        self.watch = watch
-        self.reverify_rate = reverify_rate
-        self.bucket_after = bucket_after
-        self.max_buckets = max_buckets
-        self.max_bucket_mb = max_bucket_mb
-        self.backends = selection.backends
-        self.speed = selection.speed
+    selection: Selection  # what buckets select with
+    records: Records
+    memory: Memory | None  # keeps bucket decisions with the graph's
+    watch: bool
+    reverify_rate: float
+    bucket_after: int | None
+    max_buckets: int
+    max_bucket_mb: float | None
 
     def guard(
         self,
@@ -96,7 +84,7 @@ class ServingPlan:
         store on (`recall`), bucket decisions are kept with the graph's decision, and on a
         hit (`hit`) the remembered ones are built on first sight of their shape."""
         key = ShapeKey(gm, inputs)
-        verified = self.selection.verify and self.speed.measure
+        verified = self.selection.verify and self.selection.speed.measure
         if self.bucket_after is None or not verified or not key:
             return None
         if graphinfo.mutates_inputs(gm) or graphinfo.random_nodes(gm):
@@ -119,8 +107,8 @@ class ServingPlan:
             reference=self.selection.reference,
             attempt=lambda b, g, x, r: self.selection.attempt(b, b, g, x, r),
             candidates=self._bucket_candidates,
-            speed=self.speed,
-            strict=self.speed.strict,
+            speed=self.selection.speed,
+            strict=self.selection.speed.strict,
             saved=self.records.save,
             kept=(lambda e: self._keep_buckets(recall, e)) if recall is not None else None,
         )
@@ -135,7 +123,8 @@ class ServingPlan:
         """What may serve a hot shape: the chain's fixed-shape backends (`dynamic=False`)
         and the general winner compiled for that shape (static inductor), eager excepted."""
         base = base_name(winner)
-        return [b for b in self.backends if not b.dynamic or (b.name == base and base != EAGER)]
+        backends = self.selection.backends
+        return [b for b in backends if not b.dynamic or (b.name == base and base != EAGER)]
 
     def watch_for(
         self,
@@ -208,7 +197,8 @@ class ServingPlan:
                 versioned=activations,
                 recorded=recorded,
                 reductions=reference.reductions,
-                pace=self.speed.eager_floor,  # eager takes over a slow winner only as the floor
+                # eager takes over a slow winner only as the floor
+                pace=self.selection.speed.eager_floor,
             )
 
         return watch_for, updates
