@@ -234,13 +234,13 @@ def test_a_noisy_record_is_not_stored() -> None:
     c = chain("onnxruntime", "eager", memory=True)
     noisy = _record(FASTER, ("machine load 6.0 on 2 CPUs",))
     assert noisy.noisy and noisy.timing is not None
-    assert c._tie_not_kept(noisy) == (
+    assert c.recall.tie_not_kept(noisy) == (
         "memory: not remembered: the timing was noisy (machine load 6.0 on 2 CPUs); the next "
         "process selects again"
     )
-    assert c._tie_not_kept(_record(FASTER, ())) is None  # quiet and decided: stored
+    assert c.recall.tie_not_kept(_record(FASTER, ())) is None  # quiet and decided: stored
     # eager alone compared no speeds: its decision holds under any load
-    assert c._tie_not_kept(_record(REFERENCE, ("machine load 6.0 on 2 CPUs",))) is None
+    assert c.recall.tie_not_kept(_record(REFERENCE, ("machine load 6.0 on 2 CPUs",))) is None
     loaded = GraphRecord.from_dict(noisy.to_dict())
     assert loaded == noisy and loaded.to_dict()["noisy"] is True
 

@@ -567,7 +567,7 @@ def test_a_tie_won_below_eagers_speed_is_not_remembered(
     it would keep the slower backend in every later process. Without the floor the user
     asked for such winners; unmeasured ones (None) are kept."""
     c = chain("onnxruntime", "eager", eager_floor=floor, memory=True)
-    why = c._tie_not_kept(_record(speedup))
+    why = c.recall.tie_not_kept(_record(speedup))
     assert (why is None) is kept
     if not kept:
         assert why == (

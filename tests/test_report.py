@@ -193,14 +193,14 @@ def test_report_path_is_rewritten_after_every_graph(
     model, args = build("graph_break")
     backend = chain("eager")
     seen: list[int] = []
-    original = backend._finish
+    original = backend.records.finish
 
     def spy(*a: object, **k: object) -> object:
         out = original(*a, **k)
         seen.append(len(json.loads(path.read_text())["graphs"]))
         return out
 
-    monkeypatch.setattr(backend, "_finish", spy)
+    monkeypatch.setattr(backend.records, "finish", spy)
     compile_and_check(model, args, backend, calls=1)
     assert seen == [1, 2]
 

@@ -18,13 +18,13 @@ from tests.models import build_extra
 def _count_selections(backend: Chain, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """A list that grows by one per selection (a run of the candidates) of `backend`."""
     runs: list[int] = []
-    original = backend._run_candidates
+    original = backend.selection.run
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         runs.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(backend, "_run_candidates", counted)
+    monkeypatch.setattr(backend.selection, "run", counted)
     return runs
 
 

@@ -16,6 +16,7 @@ from torch import fx
 
 from backends.errors import Transient, Unsupported, one_line
 from backends.registry import Backend
+from chain.judge.accuracy import relative_errors
 from chain.judge.compiles import compiling, lineage
 from chain.judge.fp64 import Later
 from chain.judge.verify import Verdict, compare, compare_writes
@@ -140,6 +141,10 @@ class Reference:
             return self, None
         fp64, note = self.later.get()
         return dataclasses.replace(self, fp64=fp64, later=None, recorded=None), note
+
+    def errors(self) -> list[float | None] | None:
+        """Eager's relative error against float64, per output (None: float64 did not run)."""
+        return None if self.fp64 is None else relative_errors(self.fp64, self.outputs)
 
     def writes_verdict(self, inputs: Sequence[Any]) -> Verdict | None:
         """A candidate's effect on its copied inputs against eager's (`compare_writes`)."""

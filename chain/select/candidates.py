@@ -14,25 +14,47 @@ from backends.common.versions import version
 from backends.registry import Backend
 from chain.judge.accuracy import reduction_lengths
 from chain.judge.fp64 import Later, fp64_reference
-from chain.judge.speed import EAGER, EAGER_REF
+from chain.judge.speed import EAGER, EAGER_REF, SpeedRules
 from chain.judge.speed import timed as timed_by
 from chain.judge.timing import Timing
 from chain.judge.verify import unchanged
 from chain.report import graphinfo
 from chain.report.look import progress
 from chain.report.records import Attempt, Status
-from chain.run.graphs import mark, prefer_graphed
+from chain.run.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.select.attempt import Reference, try_backend
 from chain.select.concrete import concretize
 from chain.select.isolation import Isolation
 from chain.select.timed import time_candidates
 
 
-class Candidates:
-    """Candidates methods of the Chain (chain.select.core.Chain): they read its options and
-    state as `self`."""
+@dataclasses.dataclass(frozen=True)
+class Selected:
+    """What a selection (or a remembered decision) gives a graph: its attempts, the
+    callables of those that passed, eager's timing (None: not timed now), and whether a
+    remembered decision gave them (`hit`: no selection ran)."""
 
-    def _reference(
+    attempts: tuple[Attempt, ...]
+    fns: dict[str, Callable[..., Any]]
+    eager: Timing | None = None
+    hit: bool = False
+
+
+@dataclasses.dataclass
+class Selection:
+    """The selection stage: eager's reference run, then the chain's backends in order
+    (compiled, run, verified, timed), under the chain's options."""
+
+    backends: tuple[Backend, ...]
+    options: dict[str, dict[str, Any]]  # per backend, the user's options for it
+    graphs: GraphsStage  # the CUDA graphs stage (chain.run.graphs)
+    speed: SpeedRules
+    mode: str
+    verify: bool
+    tolerances: dict[torch.dtype, tuple[float, float]] | None
+    max_retries: int
+
+    def reference(
         self,
         gm: fx.GraphModule,
         inputs: list[Any],
@@ -108,8 +130,13 @@ class Candidates:
 
     # -- candidates ---------------------------------------------------------------------
 
-    def _run_candidates(
-        self, gm: fx.GraphModule, inputs: list[Any], reference: Reference, start: int
+    def select(self, gm: fx.GraphModule, inputs: list[Any], reference: Reference) -> Selected:
+        """A selection over all the chain's backends."""
+        attempts, fns, eager = self.run(gm, inputs, reference)
+        return Selected(tuple(attempts), fns, eager)
+
+    def run(
+        self, gm: fx.GraphModule, inputs: list[Any], reference: Reference, start: int = 0
     ) -> tuple[list[Attempt], dict[str, Callable[..., Any]], Timing | None]:
         """Attempts for backends[start:], the passing callables, and eager's timing."""
         attempts: list[Attempt] = []
@@ -124,7 +151,7 @@ class Candidates:
             if passed and self.mode == "first":
                 attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
                 continue
-            attempt, fn = self._try(backend, backend, gm, inputs, reference)
+            attempt, fn = self.attempt(backend, backend, gm, inputs, reference)
             now = graphinfo.graph_hash(gm)
             if now != shape:  # the contract: the gm is read-only
                 shape = now
@@ -175,7 +202,7 @@ class Candidates:
         # the verified losers too: the run-time race's challengers (chain.select.racing)
         return attempts, {**slow, **floored, **passed}, eager
 
-    def _try(
+    def attempt(
         self,
         compiler: Backend,
         backend: Backend,
@@ -197,8 +224,8 @@ class Candidates:
                 max_retries=self.max_retries,
                 # eager is the floor: abandoning its run leaves nothing to fall back on, and
                 # the reference already ran the same graph to its end on this thread
-                timeout_s=None if compiler.name == EAGER else self.compile_timeout_s,
-                strict=self.strict,
+                timeout_s=None if compiler.name == EAGER else self.speed.stall_s,
+                strict=self.speed.strict,
             )
 
     def _try_graphed(
@@ -224,7 +251,7 @@ class Candidates:
             if (refusal := self.graphs.refusal(variant, why_not)) is not None:
                 attempts.append(refusal)
             return None
-        attempt, fn = self.graphs.tried(*self._try(variant, backend, gm, inputs, reference))
+        attempt, fn = self.graphs.tried(*self.attempt(variant, backend, gm, inputs, reference))
         if fn is None or self.mode == "fastest":
             attempts.append(attempt)
             if fn is not None:
@@ -259,10 +286,17 @@ class Candidates:
         attempts += [plain, attempt]
         return eager
 
+    def index(self, name: str) -> int:
+        """Position in the chain of the backend an attempt belongs to (variants too); the
+        eager floor sits after the last one."""
+        names = [b.name for b in self.backends]
+        base = base_name(name)
+        return names.index(base) if base in names else len(names)
+
     def _last(self, backend: Backend) -> bool:
         """The chain's last backend: exempt from min_speedup (it is the last resort)."""
         return backend is self.backends[-1]
 
     def _timed(self, reference: Reference) -> bool:
         """Whether candidates are timed: measure=True and the graph can be run here."""
-        return self.measure and reference.runnable
+        return self.speed.measure and reference.runnable

@@ -22,7 +22,6 @@ their challengers).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -43,7 +42,7 @@ from chain.select.deferred import snapshot
 
 if TYPE_CHECKING:
     from chain.run.guard import GuardedGraph
-    from chain.select.core import Chain
+    from chain.select.records import Records
 
 log = logging.getLogger("chain")
 ENV = "CHAIN_CHALLENGERS"  # "none": no default challengers (named ones still race)
@@ -64,7 +63,9 @@ def default_challengers(chain_names: list[str]) -> list[Backend]:
 class Challenge:
     """Compile and verify `backends` for graph `record_id`, then race each that passes."""
 
-    chain: Chain
+    records: Records
+    options: dict[str, dict[str, Any]]  # the chain's per-backend options
+    timeout_s: float | None  # the chain's compile_timeout_s
     record_id: int
     backends: tuple[Backend, ...]
     gm: fx.GraphModule
@@ -77,7 +78,7 @@ class Challenge:
 
 
 def challenge(
-    chain: Chain,
+    stage: tuple[Records, dict[str, dict[str, Any]], float | None],
     record_id: int,
     gm: fx.GraphModule,
     inputs: list[Any],
@@ -98,7 +99,7 @@ def challenge(
         why = "symbolic sizes" if symbolic else "its inputs are not recorded"
         return f"challengers not compiled ({why}): {', '.join(b.name for b in backends)}"
     job = Challenge(
-        chain, record_id, tuple(backends), gm, list(reference.runs or ()), snapshot(reference),
+        *stage, record_id, tuple(backends), gm, list(reference.runs or ()), snapshot(reference),
         guard, join, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
     )  # fmt: skip
     # the guard's first call is still the user's first call (dynamo runs the graph it was
@@ -134,9 +135,9 @@ def _run(job: Challenge, backend: Backend) -> str:
             job.gm,
             job.inputs,
             job.reference,
-            options=job.chain.options.get(base_name(name), {}),
+            options=job.options.get(base_name(name), {}),
             max_retries=0,
-            timeout_s=job.chain.compile_timeout_s,
+            timeout_s=job.timeout_s,
             strict=False,
         )
     took = time.perf_counter() - start
@@ -149,8 +150,6 @@ def _run(job: Challenge, backend: Backend) -> str:
 def _noted(job: Challenge, note: str) -> None:
     """Add `note` to the graph's record (and the report file); log it."""
     log.info("graph %d: %s", job.record_id, note)
-    graphs = job.chain.report.graphs
-    if job.record_id < len(graphs):
-        record = graphs[job.record_id]
-        graphs[job.record_id] = dataclasses.replace(record, notes=(*record.notes, note))
-        job.chain._save()
+    if job.record_id < len(job.records.report.graphs):
+        job.records.note(job.record_id, note)
+        job.records.save()

@@ -14,31 +14,27 @@ from torch import fx
 
 from backends.errors import InvalidBackend
 from backends.registry import Backend
-from chain.judge.accuracy import relative_errors
-from chain.judge.speed import EAGER, SpeedRules, floor_at_run_time, not_decided
-from chain.judge.timing import Timing
-from chain.memory import Memory, Recall, enabled_by_env
-from chain.report import graphinfo
-from chain.report.look import capture, trace
-from chain.report.records import Attempt, GraphRecord, Status
+from chain.judge.speed import EAGER, SpeedRules, floor_at_run_time
+from chain.memory import Memory, enabled_by_env
+from chain.report.records import GraphRecord, Status
 from chain.report.report import Report
 from chain.report.report_file import ReportFile
-from chain.run.graphs import GraphsStage, base_name, mark
-from chain.run.guard import _FALLBACK, GuardedGraph
+from chain.run.graphs import GraphsStage, base_name
+from chain.run.guard import GuardedGraph
 from chain.run.watch import Demoted, TooSlow
 from chain.run.watch.updates import UpdatesOften
-from chain.select import recompiles, torch_modes
+from chain.select import torch_modes
 from chain.select.attempt import dynamo_signal, one_line
-from chain.select.candidates import Candidates
-from chain.select.challenge import challenge, default_challengers
+from chain.select.candidates import Selection
 from chain.select.isolation import Isolation, fresh_copy
-from chain.select.once import Once, Reused
+from chain.select.once import Once
 from chain.select.options import MODES as MODES  # re-exported: chain.select.core.MODES
 from chain.select.options import check_backend_options, checked
-from chain.select.racing import Racing
+from chain.select.racing import RaceStage
 from chain.select.recall import Remembered
+from chain.select.records import Records
 from chain.select.resolve import BackendSpec, resolve
-from chain.select.serving import Serving
+from chain.select.serving import ServingPlan
 
 log = logging.getLogger("chain")
 
@@ -52,8 +48,13 @@ class AllCandidatesFailed(RuntimeError):
         self.record = record
 
 
-class Chain(Remembered, Serving, Candidates):
-    """A dynamo backend that tries `backends` per graph and records every attempt in `report`."""
+class Chain:
+    """A dynamo backend that tries `backends` per graph and records every attempt in `report`.
+
+    Each new graph goes through its stages in order: the decision store's lookup
+    (`recall`), the selection (`selection`), keeping the decision (`recall` again), and the
+    serving plan (`serving`: the guard, its watch and buckets); every record change goes
+    through `records`."""
 
     @checked  # chain.options: every keyword option is checked (and normalized) first
     def __init__(
@@ -116,6 +117,7 @@ class Chain(Remembered, Serving, Candidates):
         self.report_path = os.fspath(path) if path else None
         self.report_file = ReportFile(self.report_path) if self.report_path else None
         self.report = Report()
+        self.records = Records(self.report, self.report_file, self.backends)
         self.name = f"chain({', '.join(names)})"
         decides = dict(backends=names, mode=mode, verify=verify, measure=measure,
                        min_speedup=min_speedup, eager_floor=eager_floor, cuda_graphs=cuda_graphs,
@@ -123,12 +125,22 @@ class Chain(Remembered, Serving, Candidates):
                        compile_timeout_s=compile_timeout_s)  # fmt: skip
         on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
         self.memory = Memory(store, decides, max_artefact_mb) if on else None
-        self._recalls: dict[int, Recall] = {}  # per graph id: its key, to forget a demoted winner
         self._once = Once(decides)  # one selection per graph in this process (chain.select.once)
-        # raced at run time once compiled in the background (chain.select.challenge)
-        self.challengers: str | tuple[Backend, ...] = (
-            challengers if isinstance(challengers, str) else tuple(resolve(b) for b in challengers)
-        )
+        # the stages a new graph goes through, in order (see __call__)
+        self.selection = Selection(
+            self.backends, self.options, self.graphs, self.speed, mode=mode, verify=verify,
+            tolerances=tolerances, max_retries=max_retries,
+        )  # fmt: skip
+        self.recall = Remembered(self.memory, self.selection, self.records, eager_floor)
+        self.racing = RaceStage(
+            self.records, self.selection, measure,
+            challengers if isinstance(challengers, str) else tuple(map(resolve, challengers)),
+            compile_timeout_s,
+        )  # fmt: skip  # selection going on while the graph serves (chain.select.racing)
+        self.serving = ServingPlan(
+            self.selection, self.records, self.memory, watch=watch, reverify_rate=reverify_rate,
+            bucket_after=bucket_after, max_buckets=max_buckets, max_bucket_mb=max_bucket_mb,
+        )  # fmt: skip
 
     @property
     def speed(self) -> SpeedRules:
@@ -151,154 +163,42 @@ class Chain(Remembered, Serving, Candidates):
     def __call__(
         self, gm: fx.GraphModule, example_inputs: Sequence[Any], **dynamo_kwargs: Any
     ) -> Callable[..., Any]:
-        """Dynamo's backend call; torch.compile's `mode=` must agree with the chain's
-        options and its `options=` are refused (chain.select.torch_modes)."""
+        """Dynamo's call for a new graph: look its decision up, select (or compile the
+        remembered winner), remember, then wrap the winner in a guard that watches it.
+        torch.compile's `mode=` must agree with the chain's options and its `options=` are
+        refused (chain.select.torch_modes)."""
         if dynamo_kwargs:
             settings = {"mode": self.mode, "cuda_graphs": self.graphs.setting}
             torch_modes.check_call(dynamo_kwargs, settings)
         inputs = list(example_inputs)
         with self._once.turn(gm, inputs) as turn:  # a graph selected again reuses its decision
-            recall = turn.recall(
-                self.memory.recall(gm, inputs) if self.memory else None, self.report
-            )
-            guard = self._compile_graph(gm, inputs, recall)
+            recall = turn.recall(self.recall.lookup(gm, inputs), self.report)  # look up
+            recorded, remembered = (recall.recorded, recall.notes) if recall else (None, ())
+            reference, notes = self.selection.reference(gm, inputs, recorded)
+            graphs = self.graphs.note(self.graphs.why_not(gm, inputs))
+            record = self.records.open(gm, inputs, [*notes, graphs, *remembered])
+            try:
+                selected = self.recall.compile(gm, inputs, reference, recall, record.id)
+                if selected is None:  # select: float64 runs now
+                    reference, note = reference.resolved()
+                    self.records.note(record.id, note)
+                    selected = self.selection.select(gm, inputs, reference)
+            except Exception as exc:
+                if dynamo_signal(exc):  # dynamo restarts this compile: the graph never ran
+                    self.records.drop(record.id)
+                raise
+            record = self.records.finish(record.id, selected.attempts, selected.eager)
+            errors = reference.errors()  # eager's against float64, per output
+            self.recall.keep(recall, record, selected, gm, inputs, reference, errors)  # remember
+            record = self.report.graphs[record.id]
+            if record.winner is None:
+                raise AllCandidatesFailed(record)
+            log.info("graph %d: %s", record.id, record.winning_attempt)
+            plan = self.serving  # wrap and watch
+            guard = plan.guard(self, record, gm, inputs, reference, selected, recall, errors)
+            self.racing.start(guard, gm, inputs, reference, selected)  # race while serving
             turn.decided(guard.graph_id, self.report)
             return guard
-
-    def _compile_graph(
-        self, gm: fx.GraphModule, inputs: list[Any], recall: Recall | None
-    ) -> GuardedGraph:
-        """Select a winner for `gm` (or compile the one `recall` remembers) and guard it."""
-        reference, notes = self._reference(gm, inputs, recall.recorded if recall else None)
-        if note := self.graphs.note(self.graphs.why_not(gm, inputs)):
-            notes.append(note)
-        notes += recall.notes if recall else ()
-        compiled = recompiles.current()
-        if note := recompiles.limit_note(compiled):
-            notes.append(note)
-        record = GraphRecord(
-            id=len(self.report.graphs),
-            fingerprint=graphinfo.fingerprint(gm, inputs),
-            origin=graphinfo.origin(gm),
-            num_nodes=len(gm.graph.nodes),
-            ops=graphinfo.op_histogram(gm),
-            inputs=graphinfo.input_specs(inputs),
-            attempts=(),
-            winner=None,
-            notes=tuple(notes),
-            compile_id=compiled.compile_id,
-            recompiles=self._earlier(compiled),
-            recompile_reason=compiled.reason,
-            code=capture.graph_code(gm),  # for `python -m chain repro` (chain.report.look)
-            sources=capture.sources(self.backends),
-        )
-        self.report.graphs.append(record)
-        try:
-            hit, fn = None, None
-            if recall is not None:  # chain.memory: a remembered winner is compiled alone
-                hit, fn, record = self._recalled(gm, inputs, reference, recall, record)
-            if hit is not None:
-                attempts, eager = list(hit), None
-                fns = {a.backend: fn for a in hit if a.status is Status.WON and fn}
-            else:
-                reference, note = reference.resolved()  # a selection: float64 runs now
-                if note:
-                    record = dataclasses.replace(record, notes=(*record.notes, note))
-                attempts, fns, eager = self._run_candidates(gm, inputs, reference, start=0)
-        except Exception as exc:
-            if dynamo_signal(exc):  # dynamo restarts this compile: the graph never ran
-                self.report.graphs.pop()
-            raise
-        record = self._finish(record, tuple(attempts), eager)
-        stored = self.memory and recall and hit is None  # a selection ran: remember it
-        if stored and (why := self._tie_not_kept(record)):
-            stored = False
-            record = dataclasses.replace(record, notes=(*record.notes, why))
-            self.report.graphs[record.id] = record
-        fp64 = reference.fp64
-        errors = None if fp64 is None else relative_errors(fp64, reference.outputs)
-        note = self.memory.remember(recall, record, errors) if stored else None  # type: ignore[union-attr]
-        if note:
-            record = dataclasses.replace(record, notes=(*record.notes, note))
-            self.report.graphs[record.id] = record
-        decided = hit is not None or (bool(stored) and note is None)  # a decision is kept
-        if (
-            recall is not None
-            and not isinstance(recall, Reused)  # its selection kept what there was to keep
-            and (note := self._keep_artefact(recall, record, fns, gm, inputs, reference, decided))
-        ):
-            record = dataclasses.replace(record, notes=(*record.notes, note))
-            self.report.graphs[record.id] = record
-        winner = record.winner
-        if winner is None:
-            raise AllCandidatesFailed(record)
-        log.info("graph %d: %s", record.id, record.winning_attempt)
-        watch_for, updates = self._watch_for(record, gm, reference, errors or reference.recorded)
-        kept = recall if self.memory is not None and recall is not None else None
-        if kept is not None:  # a winner demoted at run time forgets its stored decision
-            self._recalls[record.id] = kept
-        buckets = self._buckets(record.id, gm, inputs, winner, kept, hit is not None)
-        index = self._index(winner)
-        guard = GuardedGraph(self, record.id, gm, fns[winner], index, watch_for, buckets, updates)
-        racing = Racing(self, record.id, gm, reference)  # selection goes on while it serves
-        racing.start(guard, fns)
-        if hit is None and (note := self._challenge(record, gm, inputs, reference, guard, racing)):
-            self._note(record.id, note)
-        return guard
-
-    def _challenge(
-        self,
-        record: GraphRecord,
-        gm: fx.GraphModule,
-        inputs: list[Any],
-        reference: Any,
-        guard: GuardedGraph,
-        racing: Racing,
-    ) -> str | None:
-        """Compile the candidates after the winner that were not tried, and the chain's
-        challengers, in the background; they join the graph's race (chain.select.challenge)."""
-        names = [b.name for b in self.backends]
-        tried = {a.backend for a in record.attempts if a.status is not Status.NOT_TRIED}
-        later = [b for b in self.backends if b.name not in tried]
-        if not_decided(self.report.graphs[record.id]) is None:  # eager lost, with confidence
-            later = [b for b in later if b.name != EAGER]
-        named = default_challengers(names) if self.challengers == "auto" else self.challengers
-        later += [b for b in named if b.name not in tried and b not in later]
-        if self.challengers == "auto" and self.graphs.why_not(gm, inputs) is None:
-            graphed = [v for b in later if (v := self.graphs.variant(b)) is not None]
-            later += [v for v in graphed if v.name not in tried]  # on CUDA: inductor+graphs
-        if racing.why_not and later:
-            return f"challengers not compiled: {racing.why_not}"
-        return challenge(self, record.id, gm, inputs, reference, guard, later, racing.join)
-
-    def _note(self, graph_id: int, note: str) -> None:
-        """Add `note` to graph `graph_id`'s record."""
-        record = self.report.graphs[graph_id]
-        self.report.graphs[graph_id] = dataclasses.replace(record, notes=(*record.notes, note))
-
-    def _save(self) -> None:
-        """Rewrite the report file, if there is one (one writer at a time)."""
-        if self.report_file is not None:
-            with _FALLBACK:
-                self.report_file.write(self.report)
-
-    def _earlier(self, compiled: recompiles.CompileOrigin) -> int | None:
-        """The graph a recompile replaces: the latest one compiled from the same frame."""
-        if not compiled.recompile:
-            return None
-        same = [
-            g.id
-            for g in self.report.graphs
-            if g.compile_id is not None and g.compile_id.split("/")[0] == str(compiled.frame)
-        ]
-        return same[-1] if same else None
-
-    def _index(self, name: str) -> int:
-        """Position in the chain of the backend an attempt belongs to (variants too); the
-        eager floor sits after the last one."""
-        names = [b.name for b in self.backends]
-        base = base_name(name)
-        return names.index(base) if base in names else len(names)
 
     def backend_name(self, index: int) -> str:
         """The name of the backend at `index` (past the end: the eager floor)."""
@@ -323,8 +223,8 @@ class Chain(Remembered, Serving, Candidates):
         inputs = list(args)
         for i in Isolation.of(guard.gm, inputs).copied:
             inputs[i] = fresh_copy(inputs[i])
-        reference, _ = self._reference(guard.gm, inputs)
-        new, fns, eager = self._run_candidates(
+        reference, _ = self.selection.reference(guard.gm, inputs)
+        new, fns, eager = self.selection.run(
             guard.gm, inputs, reference, start=guard.backend_index + 1
         )
         won = any(a.status is Status.WON for a in new)
@@ -355,31 +255,10 @@ class Chain(Remembered, Serving, Candidates):
         )
         known = {a.backend for a in record.attempts}  # variants tried only now come after
         attempts += tuple(a for a in new if a.backend not in known)
-        record = self._finish(record, attempts, eager)
-        recall = self._recalls.get(guard.graph_id)
-        forget = demoted and not isinstance(exc, UpdatesOften)  # updates are this run's
-        if forget and recall is not None and self.memory is not None:
-            note = self.memory.forget(recall, f"{failed_name} demoted at run time")
-            record = dataclasses.replace(record, notes=(*record.notes, note))
-            self.report.graphs[record.id] = record
+        record = self.records.finish(record.id, attempts, eager)
+        if demoted and not isinstance(exc, UpdatesOften):  # updates are this run's
+            why = f"{failed_name} demoted at run time"
+            record = self.records.note(record.id, self.recall.forget(record.id, why))
         if record.winner is None:
             raise AllCandidatesFailed(record) from exc
-        guard.switch(fns[record.winner], self._index(record.winner), record.winner)
-
-    def _finish(
-        self, record: GraphRecord, attempts: tuple[Attempt, ...], eager: Timing | None
-    ) -> GraphRecord:
-        """Store the graph's attempts and winner; rewrite the report file if there is one."""
-        winner = next((a.backend for a in attempts if a.status is Status.WON), None)
-        record = dataclasses.replace(
-            record,
-            attempts=tuple(mark(a) for a in attempts),
-            winner=winner,
-            eager_ms=eager.median_ms if eager is not None else record.eager_ms,
-            eager_spread_ms=eager.spread_ms if eager is not None else record.eager_spread_ms,
-        )
-        self.report.graphs[record.id] = record
-        trace.emit(record)  # TORCH_TRACE: the decision beside dynamo's entries (chain.report.look)
-        if self.report_file is not None:  # a failed write is a warning (chain.report.report_file)
-            self.report_file.write(self.report)
-        return record
+        guard.switch(fns[record.winner], self.selection.index(record.winner), record.winner)

@@ -44,11 +44,12 @@ from backends.errors import Unsupported, one_line
 from backends.registry import Artefact, Backend
 from chain.judge.compiles import compiles_running, compiling, lineage, quiet
 from chain.judge.rounds import measure
-from chain.judge.speed import QUIET_S, UNDECIDED_MORE
-from chain.memory import Recall
+from chain.judge.speed import QUIET_S, UNDECIDED_MORE, SpeedRules
+from chain.memory import Memory, Recall
 from chain.report.records import Status
 from chain.select.attempt import Reference, try_backend
 from chain.select.isolation import fresh_copy
+from chain.select.records import Records
 
 log = logging.getLogger("chain")
 JIT = "JIT compile"  # the baseline a built artefact is timed against
@@ -70,11 +71,15 @@ def reusing(backend: Backend, winner: str, data: bytes) -> Backend | None:
 
 @dataclass(frozen=True)
 class Build:
-    """One artefact to build for graph `record_id` of `chain`: `build()` makes it, `jit` is
-    the compiled callable of the `winner` (the backend or its CUDA graphs variant) it would
-    replace, `reference` what it is verified against."""
+    """One artefact to build for graph `record_id` of a chain's `records`: `build()` makes
+    it, `jit` is the compiled callable of the `winner` (the backend or its CUDA graphs
+    variant) it would replace, `reference` what it is verified against; `options` are the
+    user's for the backend, `speed` the chain's speed rules."""
 
-    chain: Any  # chain.select.core.Chain (its memory, options, report)
+    memory: Memory
+    records: Records
+    options: dict[str, Any]
+    speed: SpeedRules
     record_id: int
     recall: Recall
     backend: Backend
@@ -228,7 +233,7 @@ def _failed(build: Build, why: str) -> str:
     """The note for a build that will not serve: kept with the decision, so later
     processes do not build it again."""
     name = build.backend.name
-    memory = build.chain.memory
+    memory = build.memory
     kept = memory.remember_no_artefact(build.recall, name, why) if memory is not None else None
     note = f"memory: {name}'s package not stored: {why}; warm starts compile {name} as usual"
     return f"{note} ({kept})" if kept else note
@@ -251,7 +256,7 @@ def _run(build: Build) -> str:
                 raise cancel.Cancelled("abandoned at exit") from None
             return _failed(build, f"not built ({error.reason})")
         build_s = time.perf_counter() - start
-        options = build.chain.options.get(name, {})
+        options = build.options
         compiler = reusing(build.backend, build.winner, artefact.data)
         if compiler is None:
             return _failed(build, f"{build.winner} cannot be rebuilt from it")
@@ -270,7 +275,7 @@ def _run(build: Build) -> str:
         speed = ""
         if build.reference.runnable:
             quiet(QUIET_S, lineage())
-            rules = build.chain.speed
+            rules = build.speed
             timing = measure(
                 {JIT: build.jit, "package": fn},
                 build.reference.inputs(),
@@ -280,7 +285,7 @@ def _run(build: Build) -> str:
             if timing.slower:
                 return _failed(build, f"slower than the {JIT} ({timing.interval()})")
             speed = f", {timing.interval()} as fast as the {JIT} ({timing.verdict})"
-    memory = build.chain.memory
+    memory = build.memory
     stored = memory.store_artefact(build.recall, name, artefact, build.gm, build.inputs)
     if stored is not None:  # too large, weights not hashed: it would fail again
         return _failed(build, stored.removeprefix("memory: "))
@@ -294,9 +299,6 @@ def _run(build: Build) -> str:
 def _noted(build: Build, note: str) -> None:
     """Add `note` to the graph's record (and the report file); log it."""
     log.info("graph %d: %s", build.record_id, note)
-    chain = build.chain
-    graphs = chain.report.graphs
-    if build.record_id < len(graphs):
-        record = graphs[build.record_id]
-        graphs[build.record_id] = dataclasses.replace(record, notes=(*record.notes, note))
-        chain._save()
+    if build.record_id < len(build.records.report.graphs):
+        build.records.note(build.record_id, note)
+        build.records.save()

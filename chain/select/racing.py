@@ -18,34 +18,92 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from backends.registry import Backend
 from chain.judge.race import PROMOTED, Race, RaceEvent
 from chain.judge.speed import EAGER, not_decided
 from chain.report.records import UNDECIDED, Attempt, GraphRecord, Status
 from chain.run.guard import _FALLBACK
 from chain.run.race import Racer
 from chain.select.attempt import Reference
+from chain.select.candidates import Selected, Selection
+from chain.select.challenge import challenge, default_challengers
+from chain.select.records import Records
 
 if TYPE_CHECKING:
     from chain.run.guard import GuardedGraph
-    from chain.select.core import Chain
+
+
+@dataclasses.dataclass
+class RaceStage:
+    """The chain's last stage for a new graph: its race, and its challengers compiled at
+    the second call (chain.select.challenge)."""
+
+    records: Records
+    selection: Selection
+    measure: bool
+    challengers: str | tuple[Backend, ...]  # "auto": default_challengers
+    compile_timeout_s: float | None
+
+    def start(
+        self,
+        guard: GuardedGraph,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        selected: Selected,
+    ) -> None:
+        """Race the graph's losers where its decision is not settled; arm its challengers."""
+        racing = Racing(self, guard.graph_id, gm, reference)
+        racing.start(guard, selected.fns)
+        if not selected.hit:
+            self.records.note(guard.graph_id, self._challenge(gm, inputs, reference, guard, racing))
+
+    def _challenge(
+        self,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        guard: GuardedGraph,
+        racing: Racing,
+    ) -> str | None:
+        """The backends after the winner that were not tried, and the chain's challengers
+        (on CUDA with their CUDA graphs variants), to compile at the second call."""
+        record = self.records.report.graphs[guard.graph_id]
+        backends = self.selection.backends
+        tried = {a.backend for a in record.attempts if a.status is not Status.NOT_TRIED}
+        later = [b for b in backends if b.name not in tried]
+        if not_decided(record) is None:  # eager lost, with confidence
+            later = [b for b in later if b.name != EAGER]
+        auto = self.challengers == "auto"
+        named = default_challengers([b.name for b in backends]) if auto else self.challengers
+        later += [b for b in named if b.name not in tried and b not in later]
+        graphs = self.selection.graphs
+        if auto and graphs.why_not(gm, inputs) is None:
+            variants = [v for b in later if (v := graphs.variant(b)) is not None]
+            later += [v for v in variants if v.name not in tried]  # on CUDA: inductor+graphs
+        if racing.why_not and later:
+            return f"challengers not compiled: {racing.why_not}"
+        job = (self.records, self.selection.options, self.compile_timeout_s)
+        return challenge(job, guard.graph_id, gm, inputs, reference, guard, later, racing.join)
 
 
 class Racing:
     """One graph's race as the chain sees it: started, joined, and each event recorded."""
 
     def __init__(
-        self, chain: Chain, graph_id: int, gm: fx.GraphModule, reference: Reference
+        self, stage: RaceStage, graph_id: int, gm: fx.GraphModule, reference: Reference
     ) -> None:
-        self.chain = chain
+        self.stage = stage
+        self.records = stage.records
         self.graph_id = graph_id
         self.gm = gm
         self.reference = reference
-        self.why_not = why_not_raced(chain, reference)
+        self.why_not = why_not_raced(stage.measure, reference)
 
     def start(self, guard: GuardedGraph, fns: dict[str, Callable[..., Any]]) -> None:
         """Race the graph's verified losers (eager among them) against its winner when its
         decision is not decided enough to remember."""
-        record = self.chain.report.graphs[self.graph_id]
+        record = self.records.report.graphs[self.graph_id]
         why = not_decided(record)
         if why is None or record.winner is None or self.why_not or guard.buckets is not None:
             return
@@ -63,7 +121,7 @@ class Racing:
             if racer is not None:
                 racer.fns[name] = fn
                 racer.race.add(name)
-                self.chain._save()
+                self.records.save()
                 return f"racing it against {racer.race.stats.server}"
             server = guard.winner
             self._race(guard, server, {server: guard.fn, name: fn}, False, None)
@@ -81,29 +139,27 @@ class Racing:
         if not challengers:
             return
         race = Race(server, challengers, provisional=provisional)
-        record = self.chain.report.graphs[self.graph_id]
-        notes = (*record.notes, note) if note else record.notes
-        self.chain.report.graphs[self.graph_id] = dataclasses.replace(
-            record, race=race.stats, notes=notes
-        )
+        self.records.change(self.graph_id, race=race.stats)
+        self.records.note(self.graph_id, note)
         runs = self.reference.runs or ()
         cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in runs)
         copied = self.reference.isolation.copied if self.reference.isolation else ()
 
         def on_event(event: RaceEvent, fn: Callable[..., Any] | None) -> None:
             with _FALLBACK:  # one writer of the report at a time (a fallback may be writing)
-                _record(self.chain, self.graph_id, event)
+                _record(self.records, self.graph_id, event)
                 if fn is not None:
-                    guard.switch(fn, self.chain._index(event.backend), event.backend)
+                    index = self.stage.selection.index(event.backend)
+                    guard.switch(fn, index, event.backend)
                 if race.over:
                     guard.racer = None
 
         guard.racer = Racer(race, contenders, copied, on_event, self.reference.tolerances, cuda)
 
 
-def why_not_raced(chain: Chain, reference: Reference) -> str | None:
+def why_not_raced(measure: bool, reference: Reference) -> str | None:
     """Why no race can run on this graph (None: one can)."""
-    if not chain.measure:
+    if not measure:
         return "measure=False"
     if reference.wrote:
         return "the graph writes its inputs"
@@ -112,13 +168,13 @@ def why_not_raced(chain: Chain, reference: Reference) -> str | None:
     return None
 
 
-def _record(chain: Chain, graph_id: int, event: RaceEvent) -> None:
+def _record(records: Records, graph_id: int, event: RaceEvent) -> None:
     """A promotion makes the challenger the graph's winner (the old one: slower, with the
     race's evidence); the report file is rewritten. Other events live in the race's stats."""
     if event.what != PROMOTED:
-        chain._save()
+        records.save()
         return
-    record: GraphRecord = chain.report.graphs[graph_id]
+    record: GraphRecord = records.report.graphs[graph_id]
     old = record.winner
     attempts = [
         dataclasses.replace(a, status=Status.SLOWER, reason=f"lost the run-time race: {event}")
@@ -130,4 +186,4 @@ def _record(chain: Chain, graph_id: int, event: RaceEvent) -> None:
     ]
     if not any(a.backend == event.backend for a in attempts):
         attempts.append(Attempt(event.backend, Status.WON, f"won the run-time race: {event}"))
-    chain._finish(record, tuple(attempts), None)
+    records.finish(graph_id, tuple(attempts), None)

@@ -14,18 +14,68 @@ from torch import fx
 from backends.errors import Unsupported
 from backends.registry import Backend, offered_later
 from chain.judge.speed import EAGER, not_decided
-from chain.memory import Recall, hit_note, miss_note, replay
+from chain.memory import Memory, Recall, hit_note, miss_note, replay
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.run.graphs import base_name
 from chain.select import deferred
 from chain.select.attempt import Reference
+from chain.select.candidates import Selected, Selection
+from chain.select.once import Reused
+from chain.select.records import Records
 
 
+@dataclasses.dataclass
 class Remembered:
-    """Remembered methods of the Chain (chain.select.core.Chain): they read its options and
-    state as `self`."""
+    """The decision store's stage of selection (chain.memory): look a graph up, compile a
+    remembered winner alone, and keep a new decision with its winner's artefact."""
 
-    def _tie_not_kept(self, record: GraphRecord) -> str | None:
+    memory: Memory | None  # None: the store is off
+    selection: Selection  # compiles and verifies a remembered winner
+    records: Records
+    eager_floor: bool
+    # per graph id: its key, to forget a demoted winner
+    _kept: dict[int, Recall] = dataclasses.field(default_factory=dict, init=False)
+
+    def lookup(self, gm: fx.GraphModule, inputs: list[Any]) -> Recall | None:
+        """The store's entry for `gm` on `inputs` (None: the store is off)."""
+        return self.memory.recall(gm, inputs) if self.memory is not None else None
+
+    def keep(
+        self,
+        recall: Recall | None,
+        record: GraphRecord,
+        selected: Selected,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        errors: list[float | None] | None,
+    ) -> None:
+        """Remember a selection's decision (not a hit's: it is stored already) with eager's
+        errors against float64, and keep the winner's artefact; notes on the record."""
+        if recall is None:
+            return
+        if self.memory is not None:  # a winner demoted at run time forgets its decision
+            self._kept[record.id] = recall
+        stored = self.memory is not None and not selected.hit  # a selection ran: remember it
+        if stored and (why := self.tie_not_kept(record)):
+            stored = False
+            record = self.records.note(record.id, why)
+        note = self.memory.remember(recall, record, errors) if stored else None  # type: ignore[union-attr]
+        record = self.records.note(record.id, note)
+        decided = selected.hit or (stored and note is None)  # a decision is kept
+        if not isinstance(recall, Reused):  # its selection kept what there was to keep
+            note = self._keep_artefact(recall, record, selected.fns, gm, inputs, reference, decided)
+            self.records.note(record.id, note)
+
+    def forget(self, graph_id: int, why: str) -> str | None:
+        """Forget graph `graph_id`'s stored decision (its winner was demoted): a note, or None
+        when nothing was stored for it."""
+        recall = self._kept.get(graph_id)
+        if recall is None or self.memory is None:
+            return None
+        return self.memory.forget(recall, why)
+
+    def tie_not_kept(self, record: GraphRecord) -> str | None:
         """Why a decision is not remembered: under the eager floor, a winner whose measured
         speedup is below 1 won a tie within the noise of this run, or the decision compared
         speeds in a noisy or undecided timing (chain.judge.speed.not_decided); a hit skips
@@ -41,45 +91,43 @@ class Remembered:
             "the noise of this run; the next process selects again"
         )
 
-    # -- per-shape buckets (chain.run.buckets) ----------------------------------------------
-
-    def _recalled(
+    def compile(
         self,
         gm: fx.GraphModule,
         inputs: list[Any],
         reference: Reference,
-        recall: Recall,
-        record: GraphRecord,
-    ) -> tuple[tuple[Attempt, ...] | None, Callable[..., Any] | None, GraphRecord]:
+        recall: Recall | None,
+        graph_id: int,
+    ) -> Selected | None:
         """On a remembered decision: compile and verify its winner only (chain.memory).
-        Attempts None: no decision, or its winner failed now (noted; selection runs)."""
-        if (decision := recall.decision) is None:
-            return None, None, record
-        names = [b.name for b in self.backends]
+        None: no decision, or its winner failed now (noted on the record; selection runs)."""
+        if recall is None or (decision := recall.decision) is None:
+            return None
+        names = [b.name for b in self.selection.backends]
         if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
             fresh, fn = decision.winning_attempt, gm.forward
         elif base_name(decision.winner) in names:
-            backend = self.backends[names.index(base_name(decision.winner))]
-            variant = backend if decision.winner == backend.name else self.graphs.variant(backend)
+            backend = self.selection.backends[names.index(base_name(decision.winner))]
+            graphs = self.selection.graphs
+            variant = backend if decision.winner == backend.name else graphs.variant(backend)
             fresh, fn, note = self._from_artefact(backend, gm, inputs, reference, recall)
-            if note:
-                record = dataclasses.replace(record, notes=(*record.notes, note))
+            self.records.note(graph_id, note)
             if fn is None:
-                fresh, fn = self._try(variant or backend, backend, gm, inputs, reference)
+                compiler = variant or backend
+                fresh, fn = self.selection.attempt(compiler, backend, gm, inputs, reference)
         else:
             fresh, fn = Attempt(decision.winner, Status.UNAVAILABLE, "not in this chain"), None
         attempts = replay(recall, fresh) if fresh is not None and fn is not None else None
         if attempts is None:
             failed = fresh or Attempt(decision.winner, Status.COMPILE_ERROR, "no attempt")
-            note = miss_note(recall, failed)
-            return None, None, dataclasses.replace(record, notes=(*record.notes, note))
-        record = dataclasses.replace(
-            record,
-            notes=(*record.notes, hit_note(recall)),
-            eager_ms=decision.eager_ms,
-            eager_spread_ms=decision.eager_spread_ms,
+            self.records.note(graph_id, miss_note(recall, failed))
+            return None
+        self.records.note(graph_id, hit_note(recall))
+        self.records.change(
+            graph_id, eager_ms=decision.eager_ms, eager_spread_ms=decision.eager_spread_ms
         )
-        return attempts, fn, record
+        fns = {a.backend: fn for a in attempts if a.status is Status.WON}
+        return Selected(tuple(attempts), fns, None, hit=True)
 
     def _from_artefact(
         self,
@@ -103,7 +151,7 @@ class Remembered:
         if data is None:
             return None, None, note
         compiler = deferred.reusing(backend, decision.winner, data)
-        fresh, fn = self._try(compiler, backend, gm, inputs, reference)  # type: ignore[arg-type]
+        fresh, fn = self.selection.attempt(compiler, backend, gm, inputs, reference)  # type: ignore[arg-type]
         if fn is None:
             return (
                 None,
@@ -136,10 +184,10 @@ class Remembered:
         artefact offered to build later (inductor's package) is built in the background
         (chain.select.deferred) when the decision is kept (`decided`) and worth it."""
         winner = record.winning_attempt
-        names = [b.name for b in self.backends]
+        names = [b.name for b in self.selection.backends]
         if self.memory is None or winner is None or base_name(winner.backend) not in names:
             return None
-        backend = self.backends[names.index(base_name(winner.backend))]
+        backend = self.selection.backends[names.index(base_name(winner.backend))]
         if "artefact" in winner.details or backend.reuse is None:
             return None
         fn = fns.get(winner.backend)
@@ -162,7 +210,10 @@ class Remembered:
             return f"memory: {backend.name}'s package {why}" + (f" ({kept})" if kept else "")
         deferred.submit(
             deferred.Build(
-                chain=self,
+                memory=self.memory,
+                records=self.records,
+                options=self.selection.options.get(backend.name, {}),
+                speed=self.selection.speed,
                 record_id=record.id,
                 recall=recall,
                 backend=backend,

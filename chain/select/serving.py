@@ -13,26 +13,63 @@ from torch import fx
 
 from backends.registry import Backend
 from chain.judge.speed import EAGER
-from chain.memory import Recall
+from chain.memory import Memory, Recall
 from chain.report import graphinfo
 from chain.report.records import GraphRecord
-from chain.run.buckets import Buckets, BucketStats, Selection, ShapeKey
+from chain.run.buckets import Buckets, BucketStats, ShapeKey
+from chain.run.buckets import Selection as BucketSelection
 from chain.run.buckets import remembered as bucket_memory
 from chain.run.graphs import base_name
+from chain.run.guard import FallBack, GuardedGraph
 from chain.run.watch import Expected, RunChecks, Watch, Writes
 from chain.run.watch.updates import Updates
 from chain.run.watch.weights import Weights
 from chain.select.attempt import Reference
+from chain.select.candidates import Selected, Selection
 from chain.select.isolation import RUN_TIME_PARTS
+from chain.select.records import Records
 
 log = logging.getLogger("chain")
 
 
-class Serving:
-    """Serving methods of the Chain (chain.select.core.Chain): they read its options and
-    state as `self`."""
+@dataclasses.dataclass
+class ServingPlan:
+    """The serving stage: a graph's winner guarded (chain.run.guard), with its run-time
+    checks and weight updates (chain.run.watch) and its per-shape buckets (chain.run.buckets)."""
 
-    def _buckets(
+    selection: Selection  # what buckets select with
+    records: Records
+    memory: Memory | None  # keeps bucket decisions with the graph's
+    watch: bool
+    reverify_rate: float
+    bucket_after: int | None
+    max_buckets: int
+    max_bucket_mb: float | None
+
+    def guard(
+        self,
+        fallback: FallBack,
+        record: GraphRecord,
+        gm: fx.GraphModule,
+        inputs: list[Any],
+        reference: Reference,
+        selected: Selected,
+        recall: Recall | None,
+        errors: Sequence[float | None] | None,
+    ) -> GuardedGraph:
+        """The callable dynamo gets for the graph: its winner guarded, watched (against
+        eager's `errors` from float64, else those recorded with its decision) and bucketed;
+        `fallback` (the chain) takes a failure at run time."""
+        winner = record.winner
+        assert winner is not None  # the chain raises AllCandidatesFailed first
+        watch_for, updates = self.watch_for(record, gm, reference, errors or reference.recorded)
+        kept = recall if self.memory is not None else None
+        buckets = self.buckets(record.id, gm, inputs, winner, kept, selected.hit)
+        index = self.selection.index(winner)
+        fn = selected.fns[winner]
+        return GuardedGraph(fallback, record.id, gm, fn, index, watch_for, buckets, updates)
+
+    def buckets(
         self,
         graph_id: int,
         gm: fx.GraphModule,
@@ -47,7 +84,8 @@ class Serving:
         store on (`recall`), bucket decisions are kept with the graph's decision, and on a
         hit (`hit`) the remembered ones are built on first sight of their shape."""
         key = ShapeKey(gm, inputs)
-        if self.bucket_after is None or not (self.verify and self.measure) or not key:
+        verified = self.selection.verify and self.selection.speed.measure
+        if self.bucket_after is None or not verified or not key:
             return None
         if graphinfo.mutates_inputs(gm) or graphinfo.random_nodes(gm):
             return None
@@ -56,7 +94,6 @@ class Serving:
             return None
         names = [b.name for b in candidates]
         stats = BucketStats(self.bucket_after, self.max_buckets, names, [], self.max_bucket_mb)
-        record = self.report.graphs[graph_id]
         remembered, notes = {}, []
         if hit and recall is not None and recall.decision is not None:
             remembered, notes = bucket_memory.load(
@@ -64,15 +101,15 @@ class Serving:
             )
         if remembered:
             notes.append(f"memory: {len(remembered)} remembered bucket(s), built on first sight")
-        record = dataclasses.replace(record, buckets=stats, notes=(*record.notes, *notes))
-        self.report.graphs[graph_id] = record
-        selection = Selection(
-            reference=self._reference,
-            attempt=lambda b, g, x, r: self._try(b, b, g, x, r),
+        self.records.change(graph_id, buckets=stats)
+        self.records.note(graph_id, *notes)
+        selection = BucketSelection(
+            reference=self.selection.reference,
+            attempt=lambda b, g, x, r: self.selection.attempt(b, b, g, x, r),
             candidates=self._bucket_candidates,
-            speed=self.speed,
-            strict=self.strict,
-            saved=self._save,
+            speed=self.selection.speed,
+            strict=self.selection.speed.strict,
+            saved=self.records.save,
             kept=(lambda e: self._keep_buckets(recall, e)) if recall is not None else None,
         )
         return Buckets(gm, key, stats, selection, remembered)
@@ -86,9 +123,10 @@ class Serving:
         """What may serve a hot shape: the chain's fixed-shape backends (`dynamic=False`)
         and the general winner compiled for that shape (static inductor), eager excepted."""
         base = base_name(winner)
-        return [b for b in self.backends if not b.dynamic or (b.name == base and base != EAGER)]
+        backends = self.selection.backends
+        return [b for b in backends if not b.dynamic or (b.name == base and base != EAGER)]
 
-    def _watch_for(
+    def watch_for(
         self,
         record: GraphRecord,
         gm: fx.GraphModule,
@@ -117,7 +155,7 @@ class Serving:
             ]
             expected = Expected(gm, ran, reference.outputs, watched)
             stats.unchecked += expected.unchecked
-        self.report.graphs[record.id] = dataclasses.replace(record, watch=stats)
+        self.records.change(record.id, watch=stats)
 
         weights = None  # the weights as selection leaves them (chain.run.watch.weights)
         isolation = reference.isolation
@@ -130,7 +168,7 @@ class Serving:
             weights = Weights(positions, names, reference.runs, RUN_TIME_PARTS)
         updates = None  # none without weights: the guard then reads nothing per call
         if weights is not None and weights.positions:
-            updates = Updates(weights, stats, self._saved_s(record.id))
+            updates = Updates(weights, stats, self.records.saved_s(record.id))
 
         # activations: their versions are read every call; the weights' (parameters and
         # buffers) before each call and, with their fingerprints, at each re-verification
@@ -152,27 +190,15 @@ class Serving:
                 writes,
                 stats,
                 reverify_rate=self.reverify_rate if expected is not None else 0.0,
-                tolerances=self.tolerances,
+                tolerances=self.selection.tolerances,
                 fp64=reference.fp64 is not None or reference.later is not None,
                 weights=weights,
                 name=winner,  # WeightsDamaged: "<winner>, the winner (at run time, call n)"
                 versioned=activations,
                 recorded=recorded,
                 reductions=reference.reductions,
-                pace=self.eager_floor,  # eager takes over a slow winner only as the floor
+                # eager takes over a slow winner only as the floor
+                pace=self.selection.speed.eager_floor,
             )
 
         return watch_for, updates
-
-    def _saved_s(self, graph_id: int) -> Callable[[str], float | None]:
-        """Per winner of the graph: what it saves a call over eager, as selection timed it
-        (None: not timed), for the weights' updates to weigh refreshes against."""
-
-        def saved(winner: str) -> float | None:
-            record = self.report.graphs[graph_id]
-            won = next((a for a in record.attempts if a.backend == winner), None)
-            if won is None or won.latency_ms is None or record.eager_ms is None:
-                return None
-            return (record.eager_ms - won.latency_ms) / 1e3
-
-        return saved
