@@ -245,29 +245,44 @@ def test_a_noisy_record_is_not_stored() -> None:
     assert loaded == noisy and loaded.to_dict()["noisy"] is True
 
 
-def test_a_noisy_selection_is_not_remembered_end_to_end(
+def test_a_noisy_selection_is_remembered_as_provisional_and_raced_warm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nine threads runnable on 2 CPUs while timed: the selection (slow backend against
-    eager) runs, its record says noisy, and the store stays empty."""
+    eager) runs, its record says noisy, and its decision is kept as provisional; a warm
+    chain on the same store serves it at once and races it (chain.select.racing)."""
     monkeypatch.setattr(rounds, "running_threads", lambda: 9)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     clock = VirtualClock().install(monkeypatch, ROUNDS)
     model, args = build("mlp")
-    backend = chain(
-        lambda gm, ex: slow_wrapper(gm.forward, clock.sleep), store=tmp_path, memory=True,
-        measure_budget_s=0.05,
-    )  # fmt: skip
+
+    def slow(gm: Any, ex: Any) -> Any:
+        return slow_wrapper(gm.forward, clock.sleep)
+
+    backend = chain(slow, store=tmp_path, memory=True, measure_budget_s=0.05)
     compile_and_check(model, args, backend)
     [graph] = backend.report.graphs
     assert graph.noisy and graph.timing is not None
     busy = "8 other threads runnable on 2 CPUs while timed"
     assert busy in graph.timing.noisy and graph.timing.busy == 4.0
-    assert any(n.startswith("memory: not remembered: the timing was noisy") for n in graph.notes)
-    assert not list(tmp_path.glob("*.json"))
+    assert any(n.startswith("memory: remembered as provisional (the timing was noisy")
+               for n in graph.notes), graph.notes  # fmt: skip
+    assert graph.race is not None and graph.race.server == graph.winner
     assert "noisy: " in backend.report.render(width=300)  # a table cell may wrap its reasons
     assert busy in backend.report.to_markdown()
     assert "1 noisy graph(s)" in backend.report.to_markdown()
+    torch._dynamo.reset()
+    warm = chain(slow, store=tmp_path, memory=True, measure_budget_s=0.05)
+    compiled = torch.compile(model, backend=warm)
+    with torch.no_grad():
+        for _ in range(3):  # the second call compiles its loser, which joins the race
+            torch.testing.assert_close(compiled(*args), model(*args))
+    [again] = warm.report.graphs
+    assert any(n.startswith("remembered: ") for n in again.notes), again.notes
+    assert again.race is not None, again.notes
+    assert any("the remembered decision is provisional (the timing was noisy" in n
+               for n in again.notes), again.notes  # fmt: skip
+    assert "slow" in again.race.challengers or again.race.server == "slow", again.race
 
 
 @pytest.mark.parametrize(("load", "noisy"), [(128.0, True), (1.0, False)])

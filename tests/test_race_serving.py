@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,10 +106,11 @@ def _events(backend: Any, what: str) -> list[Any]:
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
-def test_a_faster_challenger_compiled_later_is_promoted(mode: str) -> None:
+def test_a_faster_challenger_compiled_later_is_promoted(mode: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = MLP().eval()
-    backend = chain(slow, "eager", eager_floor=False, challengers=[quick])
+    backend = chain(slow, "eager", eager_floor=False, challengers=[quick], store=tmp_path,
+                    memory=True)  # fmt: skip
     compiled = torch.compile(model, backend=backend)
     inputs = [torch.randn(4, 32)]
     _serve(compiled, model, inputs, 1, mode)  # selects: slow serves
@@ -125,6 +127,8 @@ def test_a_faster_challenger_compiled_later_is_promoted(mode: str) -> None:
     assert any("challenger quick compiled and verified" in n for n in graph.notes), graph.notes
     lost = next(a for a in graph.attempts if a.backend == "slow")
     assert "lost the run-time race" in lost.reason
+    # the decision stored at selection (slow) is refuted: forgotten, the next process selects
+    assert any("forgotten" in n and "promoted at run time" in n for n in graph.notes)
     # the report shows the race: text, markdown and HTML
     from chain.report.look import html
 

@@ -37,6 +37,7 @@ from chain.memory.trust import read_native, why_untrusted
 from chain.report.json_fields import short
 from chain.report.records import Attempt, GraphRecord, Status
 
+PROVISIONAL = "provisional"  # in a decision's extra: why it is not settled (chain.judge.race)
 NO_ARTEFACT = "no_artefact"  # in a decision's extra: backend -> why its artefact is not made
 
 
@@ -154,7 +155,11 @@ class Memory:
         return Recall(key, parts, decision)
 
     def remember(
-        self, recall: Recall, record: GraphRecord, eager_errors: list[float | None] | None = None
+        self,
+        recall: Recall,
+        record: GraphRecord,
+        eager_errors: list[float | None] | None = None,
+        provisional: str | None = None,
     ) -> str | None:
         """Store the record's decision under the recall's key; a note when it could not be.
         `eager_errors`: per output, eager's relative error against float64 in this selection:
@@ -176,6 +181,8 @@ class Memory:
                 "origin": record.origin,
                 "fingerprint": record.fingerprint,
                 **({"eager_errors": eager_errors} if eager_errors is not None else {}),
+                # decided on noisy evidence: a warm process serves it and keeps racing it
+                **({PROVISIONAL: provisional} if provisional else {}),
             },
         )
         try:

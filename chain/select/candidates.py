@@ -38,6 +38,7 @@ class Selected:
     fns: dict[str, Callable[..., Any]]
     eager: Timing | None = None
     hit: bool = False
+    provisional: str | None = None  # a remembered decision not settled yet: why (it races)
 
 
 @dataclasses.dataclass

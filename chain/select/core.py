@@ -135,7 +135,7 @@ class Chain:
         self.racing = RaceStage(
             self.records, self.selection, measure,
             challengers if isinstance(challengers, str) else tuple(map(resolve, challengers)),
-            compile_timeout_s,
+            compile_timeout_s, self.recall,
         )  # fmt: skip  # selection going on while the graph serves (chain.select.racing)
         self.serving = ServingPlan(
             self.selection, self.records, self.memory, watch=watch, reverify_rate=reverify_rate,

@@ -27,6 +27,7 @@ from chain.run.race import Racer
 from chain.select.attempt import Reference
 from chain.select.candidates import Selected, Selection
 from chain.select.challenge import challenge, default_challengers
+from chain.select.recall import Remembered
 from chain.select.records import Records
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class RaceStage:
     measure: bool
     challengers: str | tuple[Backend, ...]  # "auto": default_challengers
     compile_timeout_s: float | None
+    recall: Remembered  # a settled race is remembered, a refuted decision forgotten
 
     def start(
         self,
@@ -54,9 +56,13 @@ class RaceStage:
     ) -> None:
         """Race the graph's losers where its decision is not settled; arm its challengers."""
         racing = Racing(self, guard.graph_id, gm, reference)
-        racing.start(guard, selected.fns)
-        if not selected.hit:
-            self.records.note(guard.graph_id, self._challenge(gm, inputs, reference, guard, racing))
+        racing.start(guard, selected.fns, selected.provisional)
+        if selected.provisional:
+            why = f"memory: the remembered decision is provisional ({selected.provisional})"
+            self.records.note(guard.graph_id, f"{why}: its losers race it again")
+        if not selected.hit or selected.provisional:  # a provisional hit: its losers again
+            note = self._challenge(gm, inputs, reference, guard, racing, selected.hit)
+            self.records.note(guard.graph_id, note)
 
     def _challenge(
         self,
@@ -65,12 +71,16 @@ class RaceStage:
         reference: Reference,
         guard: GuardedGraph,
         racing: Racing,
+        hit: bool,
     ) -> str | None:
-        """The backends after the winner that were not tried, and the chain's challengers
-        (on CUDA with their CUDA graphs variants), to compile at the second call."""
+        """The backends after the winner that were not tried (on a remembered decision: its
+        verified losers too), and the chain's challengers (on CUDA with their CUDA graphs
+        variants), to compile at the second call."""
         record = self.records.report.graphs[guard.graph_id]
         backends = self.selection.backends
-        tried = {a.backend for a in record.attempts if a.status is not Status.NOT_TRIED}
+        again = (Status.NOT_TRIED, Status.SLOWER) if hit else (Status.NOT_TRIED,)
+        tried = {a.backend for a in record.attempts if a.status not in again}
+        tried.add(record.winner or "")
         later = [b for b in backends if b.name not in tried]
         if not_decided(record) is None:  # eager lost, with confidence
             later = [b for b in later if b.name != EAGER]
@@ -100,11 +110,16 @@ class Racing:
         self.reference = reference
         self.why_not = why_not_raced(stage.measure, reference)
 
-    def start(self, guard: GuardedGraph, fns: dict[str, Callable[..., Any]]) -> None:
+    def start(
+        self,
+        guard: GuardedGraph,
+        fns: dict[str, Callable[..., Any]],
+        provisional: str | None = None,
+    ) -> None:
         """Race the graph's verified losers (eager among them) against its winner when its
-        decision is not decided enough to remember."""
+        decision is not decided enough to remember, or was remembered as provisional."""
         record = self.records.report.graphs[self.graph_id]
-        why = not_decided(record)
+        why = not_decided(record) or (provisional and f"remembered as provisional: {provisional}")
         if why is None or record.winner is None or self.why_not or guard.buckets is not None:
             return
         contenders = {**fns, EAGER: fns.get(EAGER, self.gm.forward)}
@@ -148,6 +163,12 @@ class Racing:
         def on_event(event: RaceEvent, fn: Callable[..., Any] | None) -> None:
             with _FALLBACK:  # one writer of the report at a time (a fallback may be writing)
                 _record(self.records, self.graph_id, event)
+                recall = self.stage.recall
+                if event.what == PROMOTED:  # the decision stored is refuted: forgotten
+                    why = f"{event.backend} promoted at run time"
+                    self.records.note(self.graph_id, recall.forget(self.graph_id, why))
+                if race.stats.state == "decided":  # settled on quiet evidence: remembered
+                    self.records.note(self.graph_id, recall.confirm(self.graph_id))
                 if fn is not None:
                     index = self.stage.selection.index(event.backend)
                     guard.switch(fn, index, event.backend)

@@ -15,6 +15,7 @@ from backends.errors import Unsupported
 from backends.registry import Backend, offered_later
 from chain.judge.speed import EAGER, not_decided
 from chain.memory import Memory, Recall, hit_note, miss_note, replay
+from chain.memory.remember import PROVISIONAL
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.run.graphs import base_name
 from chain.select import deferred
@@ -35,6 +36,9 @@ class Remembered:
     eager_floor: bool
     # per graph id: its key, to forget a demoted winner
     _kept: dict[int, Recall] = dataclasses.field(default_factory=dict, init=False)
+    _errors: dict[int, list[float | None] | None] = dataclasses.field(
+        default_factory=dict, init=False
+    )  # eager's errors against float64 per graph, kept with a decision the race settles
 
     def lookup(self, gm: fx.GraphModule, inputs: list[Any]) -> Recall | None:
         """The store's entry for `gm` on `inputs` (None: the store is off)."""
@@ -56,16 +60,35 @@ class Remembered:
             return
         if self.memory is not None:  # a winner demoted at run time forgets its decision
             self._kept[record.id] = recall
+        self._errors[record.id] = errors
         stored = self.memory is not None and not selected.hit  # a selection ran: remember it
-        if stored and (why := self.tie_not_kept(record)):
+        provisional = not_decided(record) if self.eager_floor else None
+        if stored and not provisional and (why := self.tie_not_kept(record)):
             stored = False
             record = self.records.note(record.id, why)
-        note = self.memory.remember(recall, record, errors) if stored else None  # type: ignore[union-attr]
+        note = None
+        if stored:  # noisy or undecided: kept as provisional, raced (chain.select.racing)
+            note = self.memory.remember(recall, record, errors, provisional)  # type: ignore[union-attr]
+            if provisional and note is None:
+                note = (
+                    f"memory: remembered as provisional ({provisional}): a warm process serves "
+                    "it and races it until quiet evidence confirms or refutes it"
+                )
         record = self.records.note(record.id, note)
         decided = selected.hit or (stored and note is None)  # a decision is kept
         if not isinstance(recall, Reused):  # its selection kept what there was to keep
             note = self._keep_artefact(recall, record, selected.fns, gm, inputs, reference, decided)
             self.records.note(record.id, note)
+
+    def confirm(self, graph_id: int) -> str | None:
+        """Remember graph `graph_id`'s decision as the run-time race settled it on quiet
+        evidence (its winner may be a promoted challenger): no longer provisional."""
+        recall = self._kept.get(graph_id)
+        if recall is None or self.memory is None:
+            return None
+        record = self.records.report.graphs[graph_id]
+        note = self.memory.remember(recall, record, self._errors.get(graph_id))
+        return note or f"memory: {record.winner} remembered, settled by the run-time race"
 
     def forget(self, graph_id: int, why: str) -> str | None:
         """Forget graph `graph_id`'s stored decision (its winner was demoted): a note, or None
@@ -127,7 +150,9 @@ class Remembered:
             graph_id, eager_ms=decision.eager_ms, eager_spread_ms=decision.eager_spread_ms
         )
         fns = {a.backend: fn for a in attempts if a.status is Status.WON}
-        return Selected(tuple(attempts), fns, None, hit=True)
+        provisional = decision.extra.get(PROVISIONAL)
+        why = str(provisional) if provisional else None
+        return Selected(tuple(attempts), fns, None, hit=True, provisional=why)
 
     def _from_artefact(
         self,
