@@ -16,9 +16,11 @@ switches servers at most `MAX_SWITCHES` times (no flapping). Each pair says whet
 machine was busy when it was taken (`busy_now`); where the window holds `MIN_PAIRS` quiet
 pairs the verdict uses only those, else it is a verdict on noisy evidence: acted on, but
 provisional. The race ends once every challenger retired on quiet evidence; while a
-provisional verdict stands it goes on at `PROVISIONAL_RATE`. Its cost is bounded: a pair is
-due only while the race's extra time (the challenger's call, its copies, the comparison)
-stays under `RATE` (2%) of the serving time (calls times the server's median call).
+provisional verdict stands it goes on at `PROVISIONAL_RATE`. Every other pair goes to the
+challenger leading so far (the others in turn), so a clear winner is found sooner. Its cost
+is bounded: a pair is due only while the race's extra time (the challenger's call, its
+copies, the comparison) stays under `RATE` (2%) of the serving time (calls times the
+server's median call).
 
 Pure logic on numbers: tests feed it recorded or synthetic times (tests/test_race.py).
 """
@@ -190,7 +192,11 @@ class Race:
         self.streaks: dict[str, tuple[str, int]] = {}
         self.quiet_retired: set[str] = set()
         self.switches = 0
-        self.provisional = provisional  # the selection's decision was made on noisy evidence
+        # a verdict of this race on noisy evidence stands: the lower rate. A selection's
+        # noisy decision is not one of them: its race runs at the full rate until a verdict
+        self.provisional = False
+        if provisional:
+            self.stats.state = "provisional"
         self.calls = 0  # calls counted by `due`
         self._counted = 0  # calls whose serving time is in stats.served_s
         self.next_due = FIRST_PAIR
@@ -216,7 +222,16 @@ class Race:
                 return None
             self.next_due = self.calls + (1 << 30)  # taken: its pair sets the next one
             self._turn += 1
-            return live[self._turn % len(live)]
+            if self._turn % 2 and len(live) > 1:  # every other pair: the one leading so far
+                return min(live, key=self._median_ratio)
+            return live[(self._turn // 2) % len(live)]
+
+    def _median_ratio(self, challenger: str) -> float:
+        """The challenger's median time over the server's in its window (1: no pairs yet)."""
+        window = self.windows.get(challenger)
+        if not window:
+            return 1.0
+        return statistics.median(p.challenger_s / max(p.server_s, 1e-12) for p in window)
 
     def add(self, challenger: str) -> None:
         """A challenger joins (compiled later, in the background); a decided race reopens."""
