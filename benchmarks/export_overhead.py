@@ -322,7 +322,8 @@ def main() -> None:
             print(
                 f"{name}: program/direct {med['program'] / med['direct']:.3f} (paired "
                 f"{paired(times, 'program', 'direct'):.3f}), walked/direct "
-                f"{med['walked'] / med['direct']:.3f} (paired {paired(times, 'walked', 'direct'):.3f})"
+                f"{med['walked'] / med['direct']:.3f} "
+                f"(paired {paired(times, 'walked', 'direct'):.3f})"
             )
     print("attribution (ms per call):")
     for name, med, _ in rows:
