@@ -30,6 +30,12 @@ calls it on the compiling thread (what must happen there: inductor's export) and
 also rebuilds the backend's CUDA graphs variant from the same artefact. A backend whose
 artefacts hold native code (loading one runs it) declares `native_artefacts=True`: the
 chain then loads them only from a store the user trusts (docs/trust.md).
+
+A backend whose compiled callable can run again in another process from its artefact alone,
+without the graph (torch's precompile: `aot_compile`, `save_compiled_function`), declares
+`revive(artefact=bytes, facts=dict, **options) -> callable`; its compiled callable offers
+`chain_revival() -> Revival`: the artefact, JSON facts the graph would give (output specs),
+and the weight tensors at the artefact's `reads`, as baked in (`Unsupported` when it cannot).
 """
 
 from __future__ import annotations
@@ -67,6 +73,28 @@ class Artefact:
 
     data: bytes
     reads: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Revival:
+    """What a compiled callable offers for torch's precompile: its `artefact`, JSON-able
+    `facts` that its backend's `revive` hook needs instead of the graph, and `weights`:
+    the tensors at `artefact.reads` whose values the artefact holds (their digest is kept)."""
+
+    artefact: Artefact
+    facts: Mapping[str, Any]
+    weights: Mapping[int, torch.Tensor]
+
+
+def offered_revival(fn: object) -> Revival:
+    """The revival a compiled callable offers (`chain_revival()`); `Unsupported` when none."""
+    offer = getattr(fn, "chain_revival", None)
+    if not callable(offer):
+        raise Unsupported(f"its compiled {type(fn).__name__} offers no artefact to revive")
+    revival = offer()
+    if not isinstance(revival, Revival):
+        raise Unsupported(f"its chain_revival() gave a {type(revival).__name__}")
+    return revival
 
 
 def offered_artefact(fn: object) -> Artefact | None:
@@ -114,6 +142,7 @@ class Backend:
     dynamic: bool = True  # takes graphs with symbolic sizes (False: fixed shapes only)
     reuse: CompilerFn | None = None  # (gm, inputs, artefact=bytes, **options): from an artefact
     native_artefacts: bool = False  # loading its artefacts runs their code (trusted stores only)
+    revive: CompilerFn | None = None  # (artefact=bytes, facts=dict, **options): no graph needed
 
     def reusing(self, data: bytes) -> Backend:
         """This backend compiling from a stored artefact's `data` (its `reuse` hook)."""
@@ -170,6 +199,7 @@ class BackendRegistry:
         dynamic: bool = True,
         reuse: CompilerFn | None = None,
         native_artefacts: bool = False,
+        revive: CompilerFn | None = None,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
@@ -183,6 +213,8 @@ class BackendRegistry:
         `reuse(gm, example_inputs, artefact=bytes, **options)` compiles from an `Artefact`
         the backend's compiled callable offered (`chain_artefact`), skipping its expensive step.
         `native_artefacts`: its artefacts hold native code, loaded only from trusted stores.
+        `revive(artefact=bytes, facts=dict, **options)` runs a `Revival` its compiled
+        callable offered, in another process, without the graph (torch's precompile).
         """
         if (exporter is None) != (loader is None):
             raise ValueError(f"backend {name!r}: give both exporter and loader, or neither")
@@ -211,6 +243,7 @@ class BackendRegistry:
                 dynamic=dynamic,
                 reuse=reuse,
                 native_artefacts=native_artefacts,
+                revive=revive,
             )
             self._backends[name] = backend
             return backend

@@ -33,10 +33,15 @@ check hook = old - old_forward).
 With `--gap-ms G` every timed call comes G ms after the previous one returned (a serving
 process between requests: ONNX Runtime's and torch's pool threads have gone to sleep), and
 each call is timed alone. `--size tiny` takes tiny configs (DistilBERT, ViT, ConvNeXt,
-GPT-2; 1-3 ms a call) where a fixed per-call cost shows most.
+GPT-2; 1-3 ms a call) where a fixed per-call cost shows most; its `distilbert_mo`, `bert_mo`
+and `gpt2_mo` return transformers `ModelOutput`s (direct ORT runs the same model returning
+a tuple), where `walked` is the program call rebuilding its outputs with
+`pytree.tree_unflatten` at every call (the path before `chain/deploy/rebuild.py`).
 
     python benchmarks/export_overhead.py [--models distilbert convnext swin tiny]
         [--size base|tiny] [--gap-ms 0] [--rounds 30] [--calls 5]
+    python benchmarks/export_overhead.py --size tiny --models distilbert_mo bert_mo gpt2_mo \
+        --gap-ms 20
 """
 
 from __future__ import annotations
@@ -70,10 +75,11 @@ from benchmarks.ort_overhead import (
 from chain.deploy import LeanModule, ops
 
 OP = torch.ops.backend_chain.run_payload.default
-KEYS = ("direct", "session", "runner", "op", "graph", "program", "old_forward", "old")
+KEYS = ("direct", "session", "runner", "op", "graph", "program", "walked", "old_forward", "old")
 STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
          ("op dispatch", "op", "runner"), ("graph call", "graph", "op"),
          ("program over direct", "program", "direct"),
+         ("outputs rebuilt by tree_unflatten", "walked", "program"),
          ("| old path over ours", "old", "program"),
          ("(torch's input check hook)", "old", "old_forward"))  # fmt: skip
 MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
@@ -114,7 +120,27 @@ def tiny_configs() -> dict[str, Callable[[], Built]]:
         )
         return Unwrapped(tf.GPT2Model(config)), (torch.randint(0, 1000, (2, 16)),)
 
-    return {"distilbert": distilbert, "vit": vit, "convnext": convnext, "gpt2": gpt2}
+    def bert_mo() -> Built:
+        config = tf.BertConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=64,
+        )  # fmt: skip
+        return tf.BertModel(config), (torch.randint(0, 1000, (2, 16)),)
+
+    def returning_outputs(build: Callable[[], Built]) -> Callable[[], Built]:
+        """The same model returning its `ModelOutput` (not unwrapped to a tuple)."""
+
+        def built() -> Built:
+            model, args = build()
+            return model.model if isinstance(model, Unwrapped) else model, args
+
+        return built
+
+    return {
+        "distilbert": distilbert, "vit": vit, "convnext": convnext, "gpt2": gpt2,
+        "distilbert_mo": returning_outputs(distilbert), "bert_mo": bert_mo,
+        "gpt2_mo": returning_outputs(gpt2),
+    }  # fmt: skip
 
 
 def time_gapped(
@@ -162,7 +188,9 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
     if not isinstance(module, LeanModule):
         raise RuntimeError(f"chain.load gave {type(module).__name__}, not the lean call")
     old = program.module(lean=False)
-    direct = ort_session(direct_model(model, args), session_options(), device)
+    plain = model if isinstance(model, Unwrapped) or not _outputs_structured(model, args) else None
+    direct_of = plain if plain is not None else Unwrapped(model)  # direct ORT: tensors out
+    direct = ort_session(direct_model(direct_of, args), session_options(), device)
     runs: dict[str, Callable] = {"direct": bare_run(direct, device)}
     calls = [n for n in program.graph.nodes if n.target is OP]
     users = {name: k for k, name in enumerate(program.graph_signature.user_inputs)}
@@ -195,9 +223,31 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
         print(f"  ({len(calls)} payload calls: session/runner/op variants left out)")
     runs["graph"] = LeanModule(program, direct=False)
     runs["program"] = module
+    if plain is None:  # a ModelOutput: the program call as it rebuilt outputs before
+        runs["walked"] = _walked(program)
     runs["old_forward"] = old.forward
     runs["old"] = old
     return runs
+
+
+def _outputs_structured(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> bool:
+    """Whether the model returns a transformers `ModelOutput` (a dict-like structure)."""
+    with torch.no_grad():
+        return isinstance(model(*args), dict)
+
+
+def _walked(program: Any) -> LeanModule:
+    """The lean call with the old rebuild: `pytree.tree_unflatten` walking the spec each call."""
+    from torch.utils import _pytree as pytree
+
+    import chain.deploy.program as lean
+
+    prepared = lean.rebuilder
+    lean.rebuilder = lambda spec: lambda flat: pytree.tree_unflatten(flat, spec)
+    try:
+        return LeanModule(program)
+    finally:
+        lean.rebuilder = prepared
 
 
 def paired(times: dict[str, list[float]], a: str, b: str) -> float:
@@ -267,6 +317,14 @@ def main() -> None:
             print(f"fixed per-call cost (tiny, program - direct): "
                   f"{med['program'] - med['direct']:.3f} ms (old path: "
                   f"{med['old'] - med['direct']:.3f} ms)")  # fmt: skip
+    for name, med, times in rows:
+        if "walked" in med:
+            print(
+                f"{name}: program/direct {med['program'] / med['direct']:.3f} (paired "
+                f"{paired(times, 'program', 'direct'):.3f}), walked/direct "
+                f"{med['walked'] / med['direct']:.3f} "
+                f"(paired {paired(times, 'walked', 'direct'):.3f})"
+            )
     print("attribution (ms per call):")
     for name, med, _ in rows:
         parts = [f"{label} {med[a] - med[b]:+.3f}" for label, a, b in STEPS if a in med]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import fx
@@ -41,7 +41,8 @@ from backends.onnxruntime.facts import (
 )
 from backends.onnxruntime.frozen import snapshot_frozen
 from backends.onnxruntime.refresh import Refresher, initializer_positions, session_with
-from backends.onnxruntime.runtime import Compiled, FrozenWeightChanged, OrtRunner
+from backends.onnxruntime.revive import revive
+from backends.onnxruntime.runtime import Compiled, FrozenWeightChanged, OrtRunner, OutputSpec
 from backends.onnxruntime.session import (
     Provider,
     available,
@@ -112,9 +113,26 @@ OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked
 
 
 def _compile(
-    gm: fx.GraphModule,
-    example_inputs: list[Any],
+    gm: fx.GraphModule, example_inputs: list[Any], stored: OnnxGraph | None, **options: Any
+) -> OrtRunner:
+    """The runner for `gm`: from the `stored` export when given (no export), else exported."""
+    outputs, single = output_nodes(gm)
+    return build_runner(
+        example_inputs,
+        stored,
+        output_specs(outputs),
+        single,
+        lambda inputs: export_onnx(gm, inputs, carry_ints=True),
+        **options,
+    )
+
+
+def build_runner(
+    example_inputs: Sequence[Any],
     stored: OnnxGraph | None,
+    specs: Sequence[OutputSpec],
+    single: bool,
+    export: Callable[[Sequence[object]], OnnxGraph],
     *,
     providers: Sequence[Provider] | None = None,
     graph_optimization_level: str = "all",
@@ -122,17 +140,16 @@ def _compile(
     allow_spinning: bool = False,
     on_weight_change: str = "reexport",
 ) -> OrtRunner:
-    """The runner for `gm`: from the `stored` export when given (no export), else exported."""
+    """The runner of the `stored` export (None: `export(inputs)` makes it) whose outputs are
+    `specs` (one bare value when `single`); `export` also serves re-exports."""
     options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
     check_inference(example_inputs)
     device = device_of(example_inputs)
-    outputs, single = output_nodes(gm)
-    specs = output_specs(outputs)
     chosen = list(providers) if providers is not None else default_providers(device)
     _check_chosen(chosen)
 
     def build(inputs: Sequence[object], graph: OnnxGraph | None = None) -> Compiled:
-        graph = graph if graph is not None else export_onnx(gm, inputs, carry_ints=True)
+        graph = graph if graph is not None else export(inputs)
         if graph.num_outputs != len(specs):
             raise Unsupported(
                 f"exported model has {graph.num_outputs} outputs, graph has {len(specs)}"
@@ -191,6 +208,7 @@ def onnxruntime_reuse(
     exporter=export_parts,
     loader=load_payload,
     reuse=onnxruntime_reuse,
+    revive=revive,
 )
 def onnxruntime_backend(gm: fx.GraphModule, example_inputs: list[Any], **options: Any) -> OrtRunner:
     """Export the graph to ONNX once and run it with ONNX Runtime."""

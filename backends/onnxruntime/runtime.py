@@ -43,7 +43,7 @@ from backends.common.onnx_export import OnnxGraph
 from backends.onnxruntime.artefact import to_artefact
 from backends.onnxruntime.frozen import Frozen, _version
 from backends.onnxruntime.refresh import Refresher, initializer_positions
-from backends.registry import Artefact
+from backends.registry import Artefact, Revival
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,12 @@ class OrtRunner:
     def chain_artefact(self) -> Artefact:
         """The export this runner executes, for the chain to store (`reuse` reads it back)."""
         return to_artefact(self._compiled.graph)
+
+    def chain_revival(self) -> Revival:
+        """Its export, output specs and baked weights, for torch's precompile (`revive.py`)."""
+        from backends.onnxruntime.revive import revival
+
+        return revival(self)
 
     @property
     def graph(self) -> OnnxGraph:

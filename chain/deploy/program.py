@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from chain.deploy.direct import direct_call
 from chain.deploy.inputs import InputCheck, Unsupported
+from chain.deploy.rebuild import rebuilder
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def _unflattener(spec: pytree.TreeSpec) -> Callable[[Any], Any]:
         return lambda flat: flat
     if spec.type is list and all(c.is_leaf() for c in spec.children()):
         return list
-    return lambda flat: pytree.tree_unflatten(flat, spec)
+    return rebuilder(spec)  # prepared once: tree_unflatten walks the spec every call
 
 
 class LeanModule(torch.nn.Module):

@@ -14,6 +14,7 @@ from torch import fx
 from backends.errors import BackendExit, one_line
 from chain.run.calls import checked as _checked
 from chain.run.calls import judged as _judged
+from chain.run.precompilable import Precompilable
 from chain.run.race import NOT_RACED, Racer
 from chain.run.watch import Demoted, InputsWritten, Watch
 from chain.run.watch.fast import NOT_RUN, Slow, fast_path
@@ -59,7 +60,7 @@ def _active(fn: Callable[..., Any], backend_index: int, watch: Watch | None) -> 
     return Active(fn, backend_index, watch, fast_path(watch, fn) if watch is not None else None)
 
 
-class GuardedGraph:
+class GuardedGraph(Precompilable):
     """Calls the winning backend; if it raises or is caught wrong, the chain records it and
     moves to the next, and this call returns the next backend's answer.
 
