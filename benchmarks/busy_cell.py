@@ -12,6 +12,7 @@ The cell's arguments come as one JSON object; its result is the last line, in JS
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -119,11 +120,14 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         out["chain_first_s"], _ = _timed_first(lambda: compiled(*pool[0]))
         out["hogs_running"] = load.running
         last: list[str] = []
+        seconds: list[float] = []
         for call in range(1, loaded + quiet + 1):
             if call == loaded + 1:
                 load.stop()  # the load goes away
             inputs = pool[call % POOL]
+            start = time.perf_counter()
             answer = compiled(*inputs)
+            seconds.append(time.perf_counter() - start)
             now = servers(backend)
             if now != last:
                 out["servers"].append({"call": call, "servers": now})
@@ -135,6 +139,16 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
                 if wrong:
                     out["wrong"].append({"call": call, "servers": now, "error": err})
         out["report"] = backend.report.summary()
+        out["attempts"] = [
+            [{"backend": a.backend, "status": a.status.value, "reason": a.reason[:300]}
+             for a in g.attempts]
+            for g in backend.report.graphs
+        ]  # fmt: skip
+        out["call_ms"] = {  # each call as the caller saw it (checks and switches included)
+            "loaded_median": 1e3 * statistics.median(seconds[:loaded]),
+            "quiet_median": 1e3 * statistics.median(seconds[loaded:]),
+            "quiet_last_200_median": 1e3 * statistics.median(seconds[-200:]),
+        }
         out["retime"] = retime(model, pool[0], compiled, alone(spec["chain"]), spec["retime_s"])
     return out
 

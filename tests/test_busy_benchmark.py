@@ -43,6 +43,7 @@ def test_quick_fills_the_defaults_and_explicit_options_win() -> None:
     args = busy.parse(["--quick", "--hogs", "1", "--out", "x"])
     assert args.models == ["bert"] and args.chains == ["first"]
     assert args.hogs == [1] and args.calls_loaded == busy.QUICK["calls_loaded"]
+    assert busy.parse(["--quick"]).hogs == [2]  # the load
     full = busy.parse([])
     assert full.models == list(busy.MODELS) and full.hogs == [0, 1, 2]
     assert full.calls_loaded + full.calls_quiet >= 2000  # the "after 2000 calls"
@@ -159,7 +160,10 @@ def _cell(model: str, hogs: int, servers: list[str], wrong: int = 0) -> dict[str
         "servers": [{"call": 1, "servers": ["inductor"]}, {"call": 800, "servers": servers}],
         "wrong": [{"call": 50, "servers": servers, "error": 1.0}] * wrong,
         "checked": 40,
-        "retime": {"ms": {"chain": 2.5, "onnxruntime": 2.47, "inductor": 3.46, "eager": 3.58}},
+        "retime": {
+            "ms": {"chain": 2.5, "onnxruntime": 2.47, "inductor": 3.46, "eager": 3.58},
+            "noisy": ["7 other threads runnable on 2 CPUs while timed"] if hogs else [],
+        },
         "warm": {"chain": {"first_s": 2.5}, "eager": {"first_s": 2.0}},
     }
 
@@ -188,3 +192,4 @@ def test_figures_and_targets_from_a_synthetic_run(tmp_path: Path) -> None:
     assert "| gpt2 | first | 0 |" in md and "| never |" in md and "1 / 40" in md
     assert "no answer wrong (sampled calls, against eager): **MISSED**" in md
     assert "load 2" in md and "load 3" in md
+    assert "| 0 / 40 | noisy |" in md and "| 1 / 40 | ok |" in md
