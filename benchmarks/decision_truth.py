@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.load import fresh_python
+
 ZOO = ("bert", "gpt2", "t5_encoder", "vit", "llama", "whisper_encoder")
 SUITE = ("suite:resnet", "suite:bert", "suite:gpt", "suite:vit", "suite:mlp", "suite:graph_break")
 CHAINS = {
@@ -135,23 +136,7 @@ print(json.dumps(out))
 
 def _python(code: str, *args: str, timeout_s: float = 1800) -> Any:
     """Run `code` in a fresh quiet process (memory off); its last stdout line as JSON."""
-    env = {**os.environ, "CHAIN_MEMORY": "0", "PYTHONPATH": str(ROOT)}
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(code)
-    try:
-        done = subprocess.run(
-            [sys.executable, f.name, *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-            timeout=timeout_s,
-        )
-    finally:
-        os.unlink(f.name)
-    if done.returncode != 0:
-        raise RuntimeError(f"{args}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return fresh_python(code, args, {"CHAIN_MEMORY": "0"}, timeout_s)
 
 
 def select(model: str, chain: str, condition: str) -> dict[str, Any]:

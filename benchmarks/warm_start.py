@@ -18,15 +18,16 @@ graphs a warm process ran from a package, and whether it imported inductor's com
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.load import fresh_python
 
 BACKENDS = {
     "compile(eager)": "'eager'",
@@ -89,22 +90,18 @@ def first_call(
 ) -> dict[str, object]:
     """One fresh process (`extra` added to its environment): the first call's seconds,
     graphs remembered, winners."""
-    env = {
-        **os.environ,
+    env: dict[str, str | None] = {
         **(extra or {}),
-        "PYTHONPATH": str(ROOT),
         "CHAIN_MEMORY": "1",
         "CHAIN_CACHE_DIR": str(cache),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "CHAIN_STORE": None,
     }
-    env.pop("CHAIN_STORE", None)
     code = textwrap.dedent(_CHILD).replace("BACKEND", backend)
-    done = subprocess.run(
-        [sys.executable, "-c", code, model], env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{model} / {backend}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return fresh_python(code, [model], env)
+    except RuntimeError as e:
+        raise RuntimeError(f"{model} / {backend}: {e}") from e
 
 
 def main() -> None:

@@ -8,13 +8,12 @@ Marked `timing` (run alone, after the parallel suite): it loads the machine on p
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 import torch
 
+from benchmarks.load import Hogs
 from chain import chain
 from chain.report.records import Status
 from tests.faults import twin
@@ -26,13 +25,8 @@ CALLS = 1000
 @pytest.fixture
 def hogs() -> Iterator[None]:
     """Two processes that keep a core each busy for the length of the test."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
+    with Hogs(2):
         yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 @pytest.mark.timing
