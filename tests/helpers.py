@@ -72,3 +72,47 @@ def fresh_process(code: str, *argv: str, env: dict[str, str] | None = None) -> A
     )
     assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_CLI_RUNS = """
+import contextlib, io, json, runpy, sys, traceback
+
+runs = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = ["chain", *argv]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("chain", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # what `python -m chain` would print before exiting 1
+            traceback.print_exc()
+            code = 1
+    runs.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(runs))
+"""
+
+
+def cli_runs(
+    *runs: list[str], env: dict[str, str] | None = None, timeout: float = 600
+) -> list[subprocess.CompletedProcess[str]]:
+    """`python -m chain ARGS` for each of `runs`, one after another in ONE fresh process
+    (each as `python -m chain` runs it: chain/__main__.py, its exit status, its stdout and
+    stderr apart): the CLI tests pay one interpreter and torch import, not one per command.
+    A command that hangs fails every run here (the timeout is a hang guard)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_RUNS, json.dumps([list(r) for r in runs])],
+        env=env if env is not None else {**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-3000:]}"
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    return [
+        subprocess.CompletedProcess(["chain", *r], code, out, err)
+        for r, (code, out, err) in zip(runs, results, strict=True)
+    ]

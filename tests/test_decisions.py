@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -299,11 +298,13 @@ def test_without_a_runnable_count_the_load_average_decides(
     assert (f"machine load {load:.1f} on 2 CPUs" in evidence.noisy) is noisy
 
 
-def test_an_implausible_figure_is_retimed_and_flagged() -> None:
+def test_an_implausible_figure_is_retimed_and_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate that does nothing against a baseline that sleeps: thousands of times
-    faster, timed once more, and still flagged."""
+    faster, timed once more, and still flagged. The sleep and each clock read (0.1 us) pass
+    on the virtual clock: the ratio is the same under any load."""
+    clock = VirtualClock(tick_s=1e-7).install(monkeypatch, ROUNDS)
     timings = measure(
-        {"eager": lambda: time.sleep(0.002), "nothing": lambda: None},
+        {"eager": lambda: clock.sleep(0.002), "nothing": lambda: None},
         [],
         baseline="eager",
         budget_s=0.05,

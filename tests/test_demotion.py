@@ -17,6 +17,7 @@ from chain import chain
 from chain.report.records import Status
 from chain.run.watch import pace
 from chain.run.watch.pace import Pace
+from tests.clock import WATCH, VirtualClock
 from tests.models import build
 
 
@@ -62,13 +63,16 @@ def test_one_run_of_slower_verdicts_shorter_than_the_confirmation_demotes_nothin
     assert verdicts[-1] is not None
 
 
-def slow_when(flag: list[bool], seconds: float) -> Callable[..., Any]:
-    """A backend: the graph's forward, sleeping `seconds` a call once `flag[0]` is set."""
+def slow_when(
+    flag: list[bool], seconds: float, sleep: Callable[[float], None] = time.sleep
+) -> Callable[..., Any]:
+    """A backend: the graph's forward, sleeping `seconds` a call (by `sleep`) once `flag[0]`
+    is set."""
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
             if flag[0]:
-                time.sleep(seconds)
+                sleep(seconds)
             return gm.forward(*args)
 
         return run
@@ -78,12 +82,15 @@ def slow_when(flag: list[bool], seconds: float) -> Callable[..., Any]:
 
 
 def test_a_slow_winner_in_a_chain_without_eager_falls_to_eager_without_a_raise(
-    guard_path: str,
+    guard_path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On the virtual clock (the winner eager plus 4 ms a call): a busy machine slowing
+    eager's half of each pair cannot hide the slowdown, nor load fake one."""
+    clock = VirtualClock().install(monkeypatch, *WATCH)
     model, (x,) = build("mlp")
     flag = [False]
     # measure=False: the winner is not timed at selection (a timed tie may go to the floor)
-    backend = chain(slow_when(flag, 0.004), measure=False, reverify_rate=1.0)
+    backend = chain(slow_when(flag, 0.004, clock.sleep), measure=False, reverify_rate=1.0)
     compiled = torch.compile(model, backend=backend)
     with torch.no_grad():
         compiled(x)  # selected while as fast as eager

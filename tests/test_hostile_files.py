@@ -14,7 +14,6 @@ import resource
 import signal
 import stat
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +35,7 @@ from chain.memory import MemoryWarning
 from chain.memory.stores import LocalStore, StoreUnavailable
 from chain.report.look import html
 from chain.report.records import Attempt, GraphRecord
+from tests.helpers import cli_runs
 from tests.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -506,16 +506,9 @@ def test_save_html_refuses_what_is_planted(kind: str, tmp_path: Path) -> None:
     _no_temporaries(tmp_path)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "CHAIN_REPORT"}
-    return subprocess.run(
-        [sys.executable, "-m", "chain", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,  # a hang guard: a blocked write fails the test
-        env={**env, "CHAIN_MEMORY": "0"},
-    )
+    return {**env, "CHAIN_MEMORY": "0", "PYTHONPATH": str(ROOT)}
 
 
 def _one_line_error(done: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -524,32 +517,75 @@ def _one_line_error(done: subprocess.CompletedProcess[str], expected: str) -> No
     assert done.stderr.splitlines() == [f"chain: error: {expected}"], done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kind", ["directory", "fifo", "device", "symlink"])
-def test_chain_report_o_refuses_what_is_planted(kind: str, tmp_path: Path) -> None:
-    report = tmp_path / "run.json"
-    _one_graph_report().save(report)
-    out = tmp_path / "page.html"
-    still_there = _plant(kind, out, tmp_path)
-    done = _cli("report", str(report), "--format", "html", "-o", str(out))
-    _one_line_error(done, f"{out}: not a regular file ({WORDS[kind]})")
-    still_there()
-    _no_temporaries(tmp_path)
+PLANTED_AT_O = ["directory", "fifo", "device", "symlink"]
 
 
-def test_chain_report_of_a_directory_is_one_line(tmp_path: Path) -> None:
-    done = _cli("report", str(tmp_path))
-    _one_line_error(done, f"{tmp_path}: not a regular file (a directory)")
+class CliRun:
+    """One `chain report` command of the batch below: its folder, output path, the check
+    that what was planted there is unchanged (None: nothing planted), the run, or the
+    reason it could not be set up (a skip)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.out = folder, folder / "page.html"
+        self.kept: Callable[[], None] | None = None
+        self.skip: str | None = None
+        self.done: subprocess.CompletedProcess[str] | None = None
 
 
-def test_chain_report_o_writes_a_regular_file(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def report_cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
+    """`chain report` with a folder, FIFO, device or link planted at `-o`, on a folder, and
+    to a plain `-o`: all in one fresh process (tests/helpers.py cli_runs; a blocked write
+    hangs it, and the timeout fails every case), each planted thing checked afterwards."""
+    runs: dict[str, CliRun] = {}
+    argv: dict[str, list[str]] = {}
+    for kind in [*PLANTED_AT_O, "plain"]:
+        run = runs[kind] = CliRun(tmp_path_factory.mktemp(kind.replace(" ", "_")))
+        report = run.folder / "run.json"
+        _one_graph_report().save(report)
+        if kind != "plain":
+            try:
+                run.kept = _plant(kind, run.out, run.folder)
+            except pytest.skip.Exception as e:
+                run.skip = str(e)
+                continue
+        argv[kind] = ["report", str(report), "--format", "html", "-o", str(run.out)]
+    runs["of a directory"] = CliRun(tmp_path_factory.mktemp("a_directory"))
+    argv["of a directory"] = ["report", str(runs["of a directory"].folder)]
+    for kind, done in zip(argv, cli_runs(*argv.values(), env=_cli_env(), timeout=300), strict=True):
+        runs[kind].done = done
+    return runs
+
+
+def _ran(run: CliRun) -> subprocess.CompletedProcess[str]:
+    if run.skip is not None:
+        pytest.skip(run.skip)
+    assert run.done is not None
+    return run.done
+
+
+@pytest.mark.parametrize("kind", PLANTED_AT_O)
+def test_chain_report_o_refuses_what_is_planted(kind: str, report_cli: dict[str, CliRun]) -> None:
+    run = report_cli[kind]
+    done = _ran(run)
+    _one_line_error(done, f"{run.out}: not a regular file ({WORDS[kind]})")
+    assert run.kept is not None
+    run.kept()
+    _no_temporaries(run.folder)
+
+
+def test_chain_report_of_a_directory_is_one_line(report_cli: dict[str, CliRun]) -> None:
+    run = report_cli["of a directory"]
+    _one_line_error(_ran(run), f"{run.folder}: not a regular file (a directory)")
+
+
+def test_chain_report_o_writes_a_regular_file(report_cli: dict[str, CliRun]) -> None:
     """The same command to a plain path works: the refusals above are about the target."""
-    report = tmp_path / "run.json"
-    _one_graph_report().save(report)
-    out = tmp_path / "page.html"
-    done = _cli("report", str(report), "--format", "html", "-o", str(out))
+    run = report_cli["plain"]
+    done = _ran(run)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == f"wrote {out}"
-    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert done.stdout.strip() == f"wrote {run.out}"
+    assert run.out.read_text().startswith("<!DOCTYPE html>")
 
 
 # -- the TensorRT engine cache (its files only: runs without TensorRT) --------------------------

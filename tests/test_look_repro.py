@@ -14,6 +14,7 @@ from chain import Report, Status, chain
 from chain.bench import zoo
 from chain.report.look.repro import ReproError, example_input, write
 from tests import faults
+from tests.helpers import cli_runs
 
 ROOT = Path(__file__).parent.parent
 pytestmark = pytest.mark.skipif(zoo.available() is not None, reason=str(zoo.available()))
@@ -50,22 +51,38 @@ def test_the_record_keeps_code_sources_and_size_hints(saved: Path) -> None:
     assert "eager" not in graph.sources  # built in: found by name
 
 
-@pytest.mark.parametrize(
-    ("graph", "backend", "status"),
-    [
-        (0, "wrong_numbers", Status.MISMATCH),
-        (0, "raises_at_compile", Status.COMPILE_ERROR),
-        (0, "raises_at_run", Status.RUNTIME_ERROR),
-        (1, "wrong_numbers", Status.MISMATCH),  # the dynamic graph: sizes as recorded
-    ],
-)
+REPROS = [
+    (0, "wrong_numbers", Status.MISMATCH),
+    (0, "raises_at_compile", Status.COMPILE_ERROR),
+    (0, "raises_at_run", Status.RUNTIME_ERROR),
+    (1, "wrong_numbers", Status.MISMATCH),  # the dynamic graph: sizes as recorded
+]
+
+
+@pytest.fixture(scope="module")
+def written(
+    saved: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[int, str], tuple[Path, subprocess.CompletedProcess[str]]]:
+    """`chain repro` for each case of REPROS, all in one fresh process (tests/helpers.py
+    cli_runs: one torch import, not four): each case's folder and the command's run. Each
+    repro then runs in a fresh process of its own."""
+    folders = {(g, b): tmp_path_factory.mktemp("repro") / "repro" for g, b, _ in REPROS}
+    argv = [["repro", str(saved), str(g), b, "-o", str(f)] for (g, b), f in folders.items()]
+    done = cli_runs(*argv)
+    return {case: (folders[case], run) for case, run in zip(folders, done, strict=True)}
+
+
+@pytest.mark.parametrize(("graph", "backend", "status"), REPROS)
 def test_repro_reproduces_in_a_fresh_process(
-    saved: Path, tmp_path: Path, graph: int, backend: str, status: Status
+    saved: Path,
+    written: dict[tuple[int, str], tuple[Path, subprocess.CompletedProcess[str]]],
+    graph: int,
+    backend: str,
+    status: Status,
 ) -> None:
     recorded = next(a for a in Report.load(saved).graphs[graph].attempts if a.backend == backend)
     assert recorded.status is status
-    folder = tmp_path / "repro"
-    done = _cli("repro", str(saved), str(graph), backend, "-o", str(folder))
+    folder, done = written[graph, backend]
     assert done.returncode == 0, done.stderr
     assert {p.name for p in folder.iterdir()} >= {"repro.py", "graph.py", "inputs.pt"}
     run = subprocess.run(

@@ -21,7 +21,7 @@ from backends.errors import InvalidOption
 from chain import Report, Status, chain
 from chain.memory import MemoryWarning, clear, entries, show
 from chain.memory.entry import decode
-from tests.helpers import free_port, fresh_process, memory_env
+from tests.helpers import cli_runs, free_port, fresh_process, memory_env
 from tests.models import MLP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,24 +334,16 @@ def test_redis_store_keeps_artefacts(redis_url: str, monkeypatch: pytest.MonkeyP
 def test_store_cli_lists_shows_and_clears(tmp_path: Path) -> None:
     _run(chain("eager", store=tmp_path, memory=True))
     [key] = [p.stem for p in tmp_path.glob("*.json")]
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "chain", "store", "--store", str(tmp_path), *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-
-    listed = cli("list")
+    store = ["store", "--store", str(tmp_path)]
+    # the four commands in order, in one fresh process (one torch import, not four)
+    listed, shown, missing, cleared = cli_runs(
+        [*store, "list"], [*store, "show", key], [*store, "show", "0" * 32], [*store, "clear"]
+    )
     assert listed.returncode == 0 and key in listed.stdout and "eager" in listed.stdout
-    shown = cli("show", key)
     assert json.loads(shown.stdout)["decision"]["winner"] == "eager"
-    missing = cli("show", "0" * 32)
     assert missing.returncode == 2 and missing.stderr.startswith("chain store: error: no entry")
     assert "Traceback" not in missing.stderr
-    assert cli("clear").returncode == 0
+    assert cleared.returncode == 0
     assert list(tmp_path.glob("*.json")) == []
 
 

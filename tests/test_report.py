@@ -7,7 +7,6 @@ import logging
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 from chain import Report, Status, chain, default_backends, last_chain
 from tests import faults
 from tests.clock import ROUNDS, VirtualClock
-from tests.helpers import compile_and_check
+from tests.helpers import cli_runs, compile_and_check
 from tests.models import build
 
 REQUIRED_GRAPH_KEYS = {
@@ -60,14 +59,7 @@ def report() -> Report:
     return backend.report
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chain", *args],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent.parent,
-        timeout=120,
-    )
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_json_has_the_documented_keys(report: Report, tmp_path: Path) -> None:
@@ -147,41 +139,70 @@ def test_table_and_markdown_show_every_attempt(report: Report) -> None:
     assert "| won |" not in failures and "compile_error" in failures
 
 
-def test_cli_prints_the_saved_report(report: Report, tmp_path: Path) -> None:
-    path = report.save(tmp_path / "r.json")
-    table = _cli("report", str(path))
+BAD_FILES = [
+    ('{"version": 1, "graphs": [{"id": 0', "not valid JSON (truncated?)"),
+    ('{"hello": 1}', "not a backend-chain report"),
+    ('{"version": 1, "graphs": [{"id": 0}]}', "malformed graph record: KeyError"),
+    ('{"version": 99, "graphs": []}', "report version 99"),
+    (STRING_SPEEDUP, "attempt 'eager': speedup should be a number or null, got '1.2'"),
+]
+PRINTS = {
+    "table": [],
+    "markdown": ["--format", "markdown", "--failures"],
+    "csv": ["--format", "csv", "--failures"],
+    "json": ["--format", "json"],
+}
+
+
+@pytest.fixture(scope="module")
+def cli(
+    report: Report, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """`chain report` on the saved report in each form, on each bad file and on a missing
+    one: all in one fresh process (tests/helpers.py cli_runs: one torch import, not ten);
+    each command's file and run, by form, bad file's content, or "missing"."""
+    folder = tmp_path_factory.mktemp("cli")
+    path = report.save(folder / "r.json")
+    files = {form: path for form in PRINTS}
+    argv = {form: ["report", str(path), *flags] for form, flags in PRINTS.items()}
+    for i, (content, _) in enumerate(BAD_FILES):
+        files[content] = folder / str(i) / "bad.json"
+        files[content].parent.mkdir()
+        files[content].write_text(content)
+        argv[content] = ["report", str(files[content])]
+    files["missing"] = folder / "nope.json"
+    argv["missing"] = ["report", str(files["missing"])]
+    done = cli_runs(*argv.values(), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return {case: (files[case], run) for case, run in zip(argv, done, strict=True)}
+
+
+def test_cli_prints_the_saved_report(
+    report: Report, cli: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+) -> None:
+    table = cli["table"][1]
     assert table.returncode == 0, table.stderr
     assert "declines" in table.stdout and "exploded" in table.stdout
-    md = _cli("report", str(path), "--format", "markdown", "--failures")
+    md = cli["markdown"][1]
     assert md.returncode == 0 and "| won |" not in md.stdout and "unsupported" in md.stdout
-    rows = _cli("report", str(path), "--format", "csv", "--failures").stdout.splitlines()
+    rows = cli["csv"][1].stdout.splitlines()
     assert rows[0].startswith("graph,backend,status,compile s,") and len(rows) == 5
     assert all(",won," not in r for r in rows) and "no converter" in rows[2]
-    js = _cli("report", str(path), "--format", "json")
+    js = cli["json"][1]
     assert Report.from_dict(json.loads(js.stdout)).graphs == report.graphs
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ('{"version": 1, "graphs": [{"id": 0', "not valid JSON (truncated?)"),
-        ('{"hello": 1}', "not a backend-chain report"),
-        ('{"version": 1, "graphs": [{"id": 0}]}', "malformed graph record: KeyError"),
-        ('{"version": 99, "graphs": []}', "report version 99"),
-        (STRING_SPEEDUP, "attempt 'eager': speedup should be a number or null, got '1.2'"),
-    ],
-)
-def test_cli_rejects_bad_files_in_one_line(tmp_path: Path, content: str, message: str) -> None:
-    path = tmp_path / "bad.json"
-    path.write_text(content)
-    result = _cli("report", str(path))
+@pytest.mark.parametrize(("content", "message"), BAD_FILES)
+def test_cli_rejects_bad_files_in_one_line(
+    cli: dict[str, tuple[Path, subprocess.CompletedProcess[str]]], content: str, message: str
+) -> None:
+    path, result = cli[content]
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert str(path) in result.stderr and message in result.stderr
 
 
-def test_cli_missing_file(tmp_path: Path) -> None:
-    result = _cli("report", str(tmp_path / "nope.json"))
+def test_cli_missing_file(cli: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]) -> None:
+    result = cli["missing"][1]
     assert result.returncode == 2 and "no such file" in result.stderr
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from chain import Attempt, GraphRecord, Report, Status, chain
 from chain.report.attempts import TimingEvidence
 from tests import faults
+from tests.clock import ROUNDS, VirtualClock
 from tests.helpers import compile_and_check
 from tests.models import build
 
@@ -73,12 +75,14 @@ def test_html_page_size_is_bounded_for_many_graphs(tmp_path: Path) -> None:
     assert page.stat().st_size < 400_000, page.stat().st_size
 
 
-def test_one_eager_time_per_graph_in_table_and_reasons() -> None:
+def test_one_eager_time_per_graph_in_table_and_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate timed against eager loses; eager, named next, wins on that same eager
-    time: the graph's eager ms, eager's latency and the loser's "vs eager" agree."""
+    time: the graph's eager ms, eager's latency and the loser's "vs eager" agree. The
+    candidate's 50 ms pass on the virtual clock: slower than eager under any load."""
     torch._dynamo.reset()
+    clock = VirtualClock().install(monkeypatch, ROUNDS)
     model, args = build("mlp")
-    backend = chain(faults.Sleeps(), "eager", measure_budget_s=0.05, memory=False)
+    backend = chain(faults.Sleeps(sleep=clock.sleep), "eager", measure_budget_s=0.05, memory=False)
     compile_and_check(model, args, backend, calls=1)
     [graph] = backend.report.graphs
     slow, eager = graph.attempts

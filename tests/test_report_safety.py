@@ -18,6 +18,7 @@ import torch
 from backends.common.files import UnsafeFile
 from chain import Chain, Report, Status, chain
 from chain.report.records import Attempt, GraphRecord
+from tests.helpers import cli_runs
 from tests.models import tiny_bert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,15 +149,20 @@ def test_save_refuses_a_symlink_and_leaves_its_target(tmp_path: Path) -> None:
 # -- reading hostile files --------------------------------------------------------------------
 
 
+def _cli_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "CHAIN_REPORT"}
+
+
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "CHAIN_REPORT"}
+    """`python -m chain ARGS` in a process of its own (the FIFO and huge-file checks: what
+    the entry point does before anything is read)."""
     return subprocess.run(
         [sys.executable, "-m", "chain", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=timeout,  # a hang guard, not a timing: a hang fails the test
-        env=env,
+        env=_cli_env(),
     )
 
 
@@ -186,15 +192,40 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize(
-    ("name", "form"),
-    [(name, "table") for name in HOSTILE]
-    + [("winner is a list", form) for form in ("markdown", "csv", "json")],
-)
-def test_a_hostile_file_is_one_line_and_exit_2(name: str, form: str, tmp_path: Path) -> None:
-    path = tmp_path / "hostile.json"
-    path.write_text(HOSTILE[name])
-    done = _cli("report", str(path), "--format", form)
+HOSTILE_CASES = [(name, "table") for name in HOSTILE] + [
+    ("winner is a list", form) for form in ("markdown", "csv", "json")
+]
+
+
+Runs = dict[tuple[str, str], tuple[Path, subprocess.CompletedProcess[str]]]
+
+
+@pytest.fixture(scope="module")
+def report_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """`chain report FILE --format FORM` on each hostile file and on the report full of
+    terminal escapes, all in one fresh process (tests/helpers.py cli_runs: one torch import,
+    not sixteen): each case's file and what the command did."""
+    folder = tmp_path_factory.mktemp("reports")
+    texts = {case: HOSTILE[case[0]] for case in HOSTILE_CASES}
+    texts |= {("escapes", form): _escapes_text() for form in ESCAPE_FORMS}
+    paths = {}
+    for i, (case, text) in enumerate(texts.items()):
+        paths[case] = folder / str(i) / "report.json"
+        paths[case].parent.mkdir()
+        paths[case].write_text(text)
+    done = cli_runs(
+        *(["report", str(paths[case]), "--format", case[1]] for case in texts), env=_cli_env()
+    )
+    return {case: (paths[case], run) for case, run in zip(texts, done, strict=True)}
+
+
+@pytest.mark.parametrize(("name", "form"), HOSTILE_CASES)
+def test_a_hostile_file_is_one_line_and_exit_2(
+    name: str,
+    form: str,
+    report_runs: Runs,
+) -> None:
+    path, done = report_runs[name, form]
     assert done.returncode == 2, (done.stdout[-500:], done.stderr[-2000:])
     assert done.stdout == ""
     lines = done.stderr.splitlines()
@@ -223,16 +254,22 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
 ESCAPES = "\x1b[31mred\x1b[0m \x1b]0;title\x07 \x9b2J back\rspace \u202egnp.exe"
 
 
-@pytest.mark.parametrize("form", ["table", "markdown", "csv"])
-def test_terminal_escapes_in_a_report_are_neutralized(form: str, tmp_path: Path) -> None:
+ESCAPE_FORMS = ("table", "markdown", "csv")
+
+
+def _escapes_text() -> str:
+    """A report whose names, notes and reasons hold terminal escapes."""
     graph = _graph(
         winner="eager\x1b[2J",
         notes=["note \x1b[5m"],
         attempts=[{"backend": "eager\x1b[1m", "status": "won", "reason": ESCAPES}],
     )
-    path = tmp_path / "escapes.json"
-    path.write_text(_report_text(graph))
-    done = _cli("report", str(path), "--format", form)
+    return _report_text(graph)
+
+
+@pytest.mark.parametrize("form", ESCAPE_FORMS)
+def test_terminal_escapes_in_a_report_are_neutralized(form: str, report_runs: Runs) -> None:
+    path, done = report_runs["escapes", form]
     assert done.returncode == 0, done.stderr
     for bad in ("\x1b", "\x07", "\x9b", "\r", "\u202e"):
         assert bad not in done.stdout, (bad, done.stdout)

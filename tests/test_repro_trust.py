@@ -19,6 +19,7 @@ import torch
 from chain import chain
 from chain.report.look.repro import SCRIPT
 from tests import faults
+from tests.helpers import cli_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "CHAIN_MEMORY": "0", "PYTHONPATH": str(ROOT)}
@@ -138,50 +139,77 @@ def test_a_report_owned_by_another_user_needs_trust(
     assert "pass --trust" in line
 
 
-@pytest.mark.parametrize(
-    "size",
-    [
-        "s77=²", "s77=٣", "s77=1e9", "=8", "s77=-1", "s77=", "s77", "s77=2147483648",
-        "s\x1b[2J=3", "s77=8=9", "s77=2147483647",  # the last: a valid spec, inputs too big
-    ],
-)  # fmt: skip
+HOSTILE_SIZES = [
+    "s77=²", "s77=٣", "s77=1e9", "=8", "s77=-1", "s77=", "s77", "s77=2147483648",
+    "s\x1b[2J=3", "s77=8=9", "s77=2147483647",  # the last: a valid spec, inputs too big
+]  # fmt: skip
+HOSTILE_SPECS = [
+    ("dtype", "load", "a recorded dtype that is not one"),
+    ("shape", [-3], "a recorded size that is not one"),
+    ("shape", "5", "a recorded shape that is not a list"),
+    ("device", "nowhere:0", "a recorded device not usable here"),
+    ("device", "cuda:7", "a recorded device not usable here"),
+]
+
+
+class Repro:
+    """One `chain repro` of the batch below: the folder it was told to write, the run."""
+
+    def __init__(self, folder: Path, done: subprocess.CompletedProcess[str]) -> None:
+        self.folder, self.done = folder, done
+
+
+@pytest.fixture(scope="module")
+def hostile_repros(
+    recorded: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[Any, Repro]:
+    """`chain repro` on the recorded report with each hostile `--size`, and on the report
+    with each hostile input spec: all in one fresh process (tests/helpers.py cli_runs: one
+    torch import, not sixteen), each command with a report and a target folder of its own."""
+    argv: dict[Any, list[str]] = {}
+    folders: dict[Any, Path] = {}
+    for size in HOSTILE_SIZES:
+        tmp = tmp_path_factory.mktemp("size")
+        data = json.loads(json.dumps(recorded))
+        data["graphs"][0]["inputs"][1]["shape"] = ["s77"]  # the tensor sized by the symbol
+        report = _save(data, tmp / "r.json")
+        folders[size] = tmp / "repro"
+        argv[size] = ["repro", str(report), "0", "raises_at_compile", "-o", str(folders[size])]
+        argv[size] += ["--size", size, "--trust"]
+    for field, value, _ in HOSTILE_SPECS:
+        tmp = tmp_path_factory.mktemp("spec")
+        data = json.loads(json.dumps(recorded))
+        data["graphs"][0]["inputs"][1][field] = value
+        report = _save(data, tmp / "r.json")
+        case = (field, json.dumps(value))
+        folders[case] = tmp / "repro"
+        argv[case] = ["repro", str(report), "0", "raises_at_compile", "-o", str(folders[case])]
+        argv[case] += ["--trust"]
+    done = cli_runs(*argv.values(), env=ENV)
+    return {case: Repro(folders[case], run) for case, run in zip(argv, done, strict=True)}
+
+
+@pytest.mark.parametrize("size", HOSTILE_SIZES)
 def test_hostile_size_is_one_line_and_writes_nothing(
-    size: str, recorded: dict[str, Any], tmp_path: Path
+    size: str, hostile_repros: dict[Any, Repro]
 ) -> None:
-    data = json.loads(json.dumps(recorded))
-    data["graphs"][0]["inputs"][1]["shape"] = ["s77"]  # the tensor sized by the symbol
-    report = _save(data, tmp_path / "r.json")
-    folder = tmp_path / "repro"
-    done = _cli(
-        "repro", str(report), "0", "raises_at_compile", "-o", str(folder), "--size", size, "--trust"
-    )
+    repro = hostile_repros[size]
+    done = repro.done
     assert done.returncode == 2, done.stdout
     [line] = done.stderr.splitlines()
     assert line.startswith("chain: error: ") and "\x1b" not in line
-    assert not folder.exists()
+    assert not repro.folder.exists()
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [
-        ("dtype", "load", "a recorded dtype that is not one"),
-        ("shape", [-3], "a recorded size that is not one"),
-        ("shape", "5", "a recorded shape that is not a list"),
-        ("device", "nowhere:0", "a recorded device not usable here"),
-        ("device", "cuda:7", "a recorded device not usable here"),
-    ],
-)
+@pytest.mark.parametrize(("field", "value", "message"), HOSTILE_SPECS)
 def test_hostile_input_spec_is_one_line(
-    field: str, value: Any, message: str, recorded: dict[str, Any], tmp_path: Path
+    field: str, value: Any, message: str, hostile_repros: dict[Any, Repro]
 ) -> None:
-    data = json.loads(json.dumps(recorded))
-    data["graphs"][0]["inputs"][1][field] = value
-    report = _save(data, tmp_path / "r.json")
-    folder = tmp_path / "repro"
-    done = _cli("repro", str(report), "0", "raises_at_compile", "-o", str(folder), "--trust")
+    repro = hostile_repros[field, json.dumps(value)]
+    done = repro.done
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr  # one line, no traceback
-    assert not folder.exists()
+    assert not repro.folder.exists()
 
 
 USER_SCRIPT = """

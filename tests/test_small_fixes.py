@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import chain as chain_module
 from backends.errors import InvalidBackend, InvalidOption
 from chain import Attempt, GraphRecord, Report, Status, chain
 from chain.select.options import CHAIN_OPTIONS
+from tests.helpers import cli_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,21 +76,27 @@ def test_backend_name_in_other_case_gets_a_did_you_mean() -> None:
         chain("ONNXRuntime")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chain", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """`chain report --failures --format json` on the report above, then `chain report -h`,
+    `chain repro -h` and `chain store --help`: all in one fresh process (tests/helpers.py
+    cli_runs: one torch import, not four); each run by its first words."""
+    saved = _report().save(tmp_path_factory.mktemp("cli") / "r.json")
+    argv = {
+        "failures": ["report", str(saved), "--failures", "--format", "json"],
+        "report": ["report", "-h"],
+        "repro": ["repro", "-h"],
+        "store": ["store", "--help"],
+    }
+    return dict(zip(argv, cli_runs(*argv.values(), timeout=300), strict=True))
 
 
-def test_failures_leave_unavailable_backends_out(tmp_path: Path) -> None:
+def test_failures_leave_unavailable_backends_out(
+    cli: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     report = _report()
     assert [a.backend for _, a in report.attempts(failures_only=True)] == ["onnxruntime"]
-    saved = report.save(tmp_path / "r.json")
-    done = _cli("report", str(saved), "--failures", "--format", "json")
+    done = cli["failures"]
     assert done.returncode == 0, done.stderr
     assert "onnxruntime" in done.stdout and "tensorrt" not in done.stdout
 
@@ -99,8 +105,10 @@ def test_failures_leave_unavailable_backends_out(tmp_path: Path) -> None:
     ("command", "positionals"),
     [("report", ["file"]), ("repro", ["file", "graph", "backend"])],
 )
-def test_cli_help_documents_positional_arguments(command: str, positionals: list[str]) -> None:
-    done = _cli(command, "-h")
+def test_cli_help_documents_positional_arguments(
+    command: str, positionals: list[str], cli: dict[str, subprocess.CompletedProcess[str]]
+) -> None:
+    done = cli[command]
     assert done.returncode == 0, done.stderr
     section = done.stdout.split("positional arguments:")[1].split("options:")[0]
     lines = [line.split() for line in section.strip().splitlines()]
@@ -108,8 +116,10 @@ def test_cli_help_documents_positional_arguments(command: str, positionals: list
     assert set(positionals) <= documented, section
 
 
-def test_store_help_and_memory_guide_agree_on_store() -> None:
-    done = _cli("store", "--help")
+def test_store_help_and_memory_guide_agree_on_store(
+    cli: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    done = cli["store"]
     assert done.returncode == 0, done.stderr
     flat = " ".join(done.stdout.split())
     assert "cache root" in flat and "decisions folder" in flat
