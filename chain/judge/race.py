@@ -234,7 +234,7 @@ class Race:
         return statistics.median(p.challenger_s / max(p.server_s, 1e-12) for p in window)
 
     def add(self, challenger: str) -> None:
-        """A challenger joins (compiled later, in the background); a decided race reopens."""
+        """A challenger joins (compiled after the first call); a decided race reopens."""
         with self._lock:
             stats = self.stats
             if challenger in stats.challengers or challenger == stats.server:

@@ -4,8 +4,8 @@ the race's events changes the graph's record (chain.judge.race decides; chain.ru
 A graph races when its decision compared speeds and is not decided enough to remember
 (an undecided verdict against eager, or noisy timings: `chain.judge.speed.not_decided`):
 the winner serves and every other verified candidate, eager among them, challenges it on
-sampled calls. Challengers compiled later in the background (chain.select.challenge) join
-the race, or start one. Not raced: graphs that write their inputs, graphs served by shape
+sampled calls. Challengers compiled at the graph's second call (chain.select.challenge)
+join the race, or start one. Not raced: graphs that write their inputs, graphs served by shape
 buckets, and chains that do not measure (`measure=False`).
 """
 
@@ -124,11 +124,11 @@ class Racing:
             return
         contenders = {**fns, EAGER: fns.get(EAGER, self.gm.forward)}
         won = record.winning_attempt
-        provisional = won is not None and won.verdict != UNDECIDED  # decided, on noisy timing
-        self._race(guard, record.winner, contenders, provisional, f"racing at run time: {why}")
+        noisy = won is not None and won.verdict != UNDECIDED  # decided, but on noisy timing
+        self._race(guard, record.winner, contenders, noisy, f"racing at run time: {why}")
 
     def join(self, guard: GuardedGraph, name: str, fn: Callable[..., Any]) -> str:
-        """A challenger compiled in the background joins the race (or starts one)."""
+        """A challenger compiled at the second call joins the race (or starts one)."""
         with _FALLBACK:
             if self.why_not or guard.buckets is not None:
                 return f"not raced ({self.why_not or 'the graph is served by shape buckets'})"
