@@ -18,10 +18,7 @@ Refused with a one-line `PrecompileError`: a winner whose backend cannot revive 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import os
-import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,8 +29,9 @@ from torch import fx
 from backends.errors import Unsupported
 from backends.registry import offered_revival, registry
 from chain.memory import artefacts
-from chain.memory.entry import BadEntry, Decision, decode, encode
+from chain.memory.entry import BadEntry, decode, encode
 from chain.memory.key import digest, environment, key_parts
+from chain.memory.remember import decision_of
 from chain.report.records import GraphRecord
 
 FORMAT = 1
@@ -95,22 +93,15 @@ def serialize(guard: Any) -> bytes:
     attempts = tuple(
         dataclasses.replace(a, details={}, traceback=None) for a in record.attempts
     )  # details may hold what JSON cannot: the report keeps them, the entry needs none
-    decision = Decision(
-        winner=winner,
-        attempts=attempts,
-        eager_ms=record.eager_ms,
-        eager_spread_ms=record.eager_spread_ms,
-        decided_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        extra={
-            "origin": record.origin,
-            "fingerprint": record.fingerprint,
+    decision = decision_of(
+        dataclasses.replace(record, winner=winner),  # the guard's winner now
+        attempts,
+        **{
             EXTRA: {
                 "facts": _json(dict(revival.facts), f"{winner}'s facts"),
                 "options": options,
                 "inputs": len(traced),
-            },
+            }
         },
     )
     reads = revival.artefact.reads

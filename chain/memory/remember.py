@@ -169,21 +169,12 @@ class Memory:
         store = self.store()
         if store is None:
             return None  # the lookup's note already says why
-        decision = Decision(
-            winner=record.winner,
-            attempts=tuple(_without_memory(a) for a in record.attempts),
-            eager_ms=record.eager_ms,
-            eager_spread_ms=record.eager_spread_ms,
-            decided_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            extra={
-                "origin": record.origin,
-                "fingerprint": record.fingerprint,
-                **({"eager_errors": eager_errors} if eager_errors is not None else {}),
-                # decided on noisy evidence: a warm process serves it and keeps racing it
-                **({PROVISIONAL: provisional} if provisional else {}),
-            },
+        decision = decision_of(
+            record,
+            tuple(_without_memory(a) for a in record.attempts),
+            **({"eager_errors": eager_errors} if eager_errors is not None else {}),
+            # decided on noisy evidence: a warm process serves it and keeps racing it
+            **({PROVISIONAL: provisional} if provisional else {}),
         )
         try:
             store.put(recall.key, encode(recall.key, recall.parts, decision))
@@ -375,6 +366,20 @@ def replay(recall: Recall, fresh: Attempt) -> tuple[Attempt, ...] | None:
             a = dataclasses.replace(a, details={**a.details, "remembered": remembered})
         out.append(a)
     return tuple(out)
+
+
+def decision_of(record: GraphRecord, attempts: tuple[Attempt, ...], **extra: Any) -> Decision:
+    """The record's decision as a store entry holds it: made here, now, with `extra`."""
+    return Decision(
+        winner=record.winner or "",
+        attempts=attempts,
+        eager_ms=record.eager_ms,
+        eager_spread_ms=record.eager_spread_ms,
+        decided_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        extra={"origin": record.origin, "fingerprint": record.fingerprint, **extra},
+    )
 
 
 def hit_note(recall: Recall) -> str:
