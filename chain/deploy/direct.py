@@ -58,12 +58,14 @@ class Direct:
         index: tuple[int, ...],
         outputs: str = "",
     ) -> None:
-        self.plain = _checked(plain, outputs) if outputs else plain
+        self.run = plain  # unchecked: `fused` checks its results inline
+        self.want = _static_outputs(outputs) if outputs else None
+        self.plain = _checked(plain, outputs, self.want) if self.want is not None else plain
+        self.outputs = outputs
+        self.positions = positions
         self.pick = _getter(positions)
-        self.choose = (
-            (lambda results: tuple(results))
-            if index == tuple(range(len(index)))
-            else _getter(index)
+        self.choose: Callable[[Any], tuple[Any, ...]] = (
+            tuple if index == tuple(range(len(index))) else _getter(index)
         )
 
     def __call__(self, flat: Sequence[Any]) -> tuple[torch.Tensor, ...] | None:
@@ -88,34 +90,68 @@ class Direct:
         if any(leaf.example.device.type != "cpu" for leaf in leaves):
             return None
         facts = tuple((leaf.example.dtype, leaf.static) for leaf in leaves)
-        count, pick, plain, choose = len(facts), self.pick, self.plain, self.choose
+        count, choose, run, want = len(facts), self.choose, self.run, self.want
+        pick = None if self.positions == tuple(range(count)) else self.pick
+        outputs = self.outputs
+        # one frame for the common call: the mode tests, the input tests, the runner's
+        # results against the declared outputs (as `_checked`), then the structure
+        compiling, dispatch, function, transforms = (
+            _compiling,
+            _dispatch_modes,
+            _function_modes,
+            _transforms,
+        )
+        tensor, requires_grad, is_neg, is_conj = _Tensor, _requires_grad, _is_neg, _is_conj
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if kwargs or len(args) != count or _other_mode():
+            if (
+                kwargs
+                or len(args) != count
+                or compiling()
+                or dispatch()
+                or function()
+                or transforms()
+            ):
                 return graph(*args, **kwargs)
-            for x, (dtype, size) in zip(args, facts, strict=True):
+            for x, (dtype, size) in zip(args, facts, strict=False):  # len(args) == count
                 if (
-                    type(x) is not _Tensor
+                    type(x) is not tensor
                     or x.dtype is not dtype
                     or x.shape != size
                     or not x.is_cpu
-                    or _requires_grad(x)
-                    or _is_neg(x)
-                    or _is_conj(x)
+                    or requires_grad(x)
+                    or is_neg(x)
+                    or is_conj(x)
                 ):
                     return graph(*args, **kwargs)
-            return unflatten(choose(plain(pick(args))))
+            xs = args if pick is None else pick(args)
+            results = run(xs)
+            if want is not None and (
+                len(results) != len(want)
+                or any(
+                    r.shape != shape or r.dtype is not dtype
+                    for r, (shape, dtype) in zip(results, want, strict=False)
+                )
+            ):
+                check_outputs(list(results), outputs, list(xs))  # raises, naming what differs
+            return unflatten(choose(results))
 
         return call
 
 
-def _checked(plain: Callable[..., Any], outputs: str) -> Callable[..., Any]:
-    """`plain` whose results are checked against the node's declared outputs (shape and
-    dtype, static specs: a tuple compare per output), as the op checks them."""
+def _static_outputs(outputs: str) -> list[tuple[torch.Size, torch.dtype]] | None:
+    """The declared outputs' (shape, dtype), or None when one has a symbolic size."""
     specs = declared_specs(outputs)
     if not all(s.static for s in specs):
-        return plain
-    want = [(torch.Size(s.shape), s.torch_dtype) for s in specs]
+        return None
+    return [(torch.Size(s.shape), s.torch_dtype) for s in specs]
+
+
+def _checked(
+    plain: Callable[..., Any], outputs: str, want: list[tuple[torch.Size, torch.dtype]]
+) -> Callable[..., Any]:
+    """`plain` whose results are checked against the node's declared outputs (shape and
+    dtype, static specs: a tuple compare per output), as the op checks them."""
 
     def run(xs: Any) -> Any:
         results = plain(xs)
