@@ -7,6 +7,9 @@ where ORT's own work is a few microseconds). Each is exported with chain("onnxru
 latency of:
 
 - `direct`: a bare `sess.run` on `torch.onnx.export(model, dynamo=True)`;
+- `direct_torch` (CPU): the same `sess.run` with its outputs as torch tensors
+  (`torch.from_numpy`, no copy): what a PyTorch caller of ONNX Runtime gets, and what the
+  program returns (`direct` hands back numpy arrays);
 - `session`: a bare `sess.run` on the payload's own ONNX model (the graph's part);
 - `runner`: the payload's runner (`chain.deploy.ops.runner_for`): I/O binding;
 - `op`: `torch.ops.backend_chain.run_payload` on the payload: op dispatch;
@@ -75,7 +78,8 @@ from benchmarks.ort_overhead import (
 from chain.deploy import LeanModule, ops
 
 OP = torch.ops.backend_chain.run_payload.default
-KEYS = ("direct", "session", "runner", "op", "graph", "program", "walked", "old_forward", "old")
+KEYS = ("direct", "direct_torch", "session", "runner", "op", "graph", "program", "walked",
+        "old_forward", "old")  # fmt: skip
 STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
          ("op dispatch", "op", "runner"), ("graph call", "graph", "op"),
          ("program over direct", "program", "direct"),
@@ -192,6 +196,9 @@ def variants(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str
     direct_of = plain if plain is not None else Unwrapped(model)  # direct ORT: tensors out
     direct = ort_session(direct_model(direct_of, args), session_options(), device)
     runs: dict[str, Callable] = {"direct": bare_run(direct, device)}
+    if device.type == "cpu":
+        numpy_out = runs["direct"]
+        runs["direct_torch"] = lambda *xs: list(map(torch.from_numpy, numpy_out(*xs)))
     calls = [n for n in program.graph.nodes if n.target is OP]
     users = {name: k for k, name in enumerate(program.graph_signature.user_inputs)}
     if len(calls) == 1 and all(a.name in users for a in calls[0].args[0]):
@@ -324,6 +331,12 @@ def main() -> None:
                 f"{paired(times, 'program', 'direct'):.3f}), walked/direct "
                 f"{med['walked'] / med['direct']:.3f} "
                 f"(paired {paired(times, 'walked', 'direct'):.3f})"
+            )
+    for name, med, times in rows:
+        if "direct_torch" in med:
+            print(
+                f"{name}: program/direct_torch {med['program'] / med['direct_torch']:.3f} "
+                f"(paired {paired(times, 'program', 'direct_torch'):.3f})"
             )
     print("attribution (ms per call):")
     for name, med, _ in rows:

@@ -241,6 +241,9 @@ def load_payload(header: Header, body: bytes, device: torch.device) -> Runner:
     return run
 
 
+_numpy = torch.Tensor.numpy
+
+
 class _CpuRun:
     """`session.run` on numpy views of the inputs, outputs wrapped without a copy.
 
@@ -265,5 +268,5 @@ class _CpuRun:
         """The call for CPU tensors that need no gradient (`chain.deploy.direct` checks):
         numpy views straight in (ORT reads strided ones right). ORT's outputs are its own
         memory, never an input's (it copies an output that is a graph input)."""
-        fed = {n: t.numpy() for n, t in zip(self._feeds, args, strict=True)}
+        fed = dict(zip(self._feeds, map(_numpy, args), strict=True))  # no comprehension frame
         return list(map(torch.from_numpy, self._run(self._names, fed, None)))

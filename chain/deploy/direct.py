@@ -126,14 +126,12 @@ class Direct:
                     return graph(*args, **kwargs)
             xs = args if pick is None else pick(args)
             results = run(xs)
-            if want is not None and (
-                len(results) != len(want)
-                or any(
-                    r.shape != shape or r.dtype is not dtype
-                    for r, (shape, dtype) in zip(results, want, strict=False)
-                )
-            ):
-                check_outputs(list(results), outputs, list(xs))  # raises, naming what differs
+            if want is not None:  # a loop, not any(): no generator frame per call
+                if len(results) != len(want):
+                    check_outputs(list(results), outputs, list(xs))  # raises, naming it
+                for r, (shape, dtype) in zip(results, want, strict=False):
+                    if r.shape != shape or r.dtype is not dtype:
+                        check_outputs(list(results), outputs, list(xs))  # raises, naming it
             return unflatten(choose(results))
 
         return call

@@ -61,29 +61,29 @@ def maker(cls: type, context: Sequence[Any], unflatten: Any) -> Make | None:
         return None
     if keys != [n for n in names if n in keys]:  # unknown keys, or not in field order
         return None
-    first_only = keys == names[:1]  # the constructor then tests the first value's type
-    make = _make(cls, tuple(keys), dict.fromkeys(names))
-
-    if first_only:
-        construct = functools.partial(unflatten, context=keys)
-
-        def make_first(values: Sequence[Any]) -> Any:
-            # a non-tensor first field alone is unpacked by __post_init__ as (key, value)
-            # pairs: the constructor's own path
-            return make(values) if type(values[0]) is _Tensor else construct(values)
-
-        chosen: Make = make_first
-    else:
-        chosen = make
-    return chosen if _same_as_constructor(chosen, unflatten, keys) else None
+    # a lone first field that is not a tensor is unpacked by __post_init__ as (key, value)
+    # pairs: for it, the constructor's own path
+    first_only = keys == names[:1]
+    construct = functools.partial(unflatten, context=keys)
+    make = _make(cls, tuple(keys), dict.fromkeys(names), first_only, construct)
+    return make if _same_as_constructor(make, unflatten, keys) else None
 
 
-def _make(cls: type, keys: tuple[str, ...], template: dict[str, None]) -> Make:
+def _make(
+    cls: type,
+    keys: tuple[str, ...],
+    template: dict[str, None],
+    first_only: bool,
+    construct: Make,
+) -> Make:
     new = cls.__new__
     setitem = OrderedDict.__setitem__
     pairs = tuple(enumerate(keys))
+    tensor = _Tensor
 
     def make(values: Sequence[Any]) -> Any:
+        if first_only and type(values[0]) is not tensor:
+            return construct(values)
         out = new(cls)
         for i, key in pairs:
             setitem(out, key, values[i])

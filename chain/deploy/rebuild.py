@@ -48,6 +48,8 @@ def _node(spec: pytree.TreeSpec, start: int) -> tuple[Build, int, int | None]:
     unflatten = pytree.SUPPORTED_NODES[spec.type].unflatten_fn
     context = spec.context
     make = maker(spec.type, context, unflatten) if isinstance(context, list) else None
+    if make is not None and start == 0 and leaves == list(range(spec.num_leaves)):
+        return make, at, None  # the root, its leaves all of flat, in order: flat itself
     if make is not None:
         return (lambda flat: make(values(flat))), at, None
     return (lambda flat: unflatten(list(values(flat)), context)), at, None
