@@ -301,10 +301,10 @@ def main() -> None:
         f"median ms per call, {ns.size} configs, {ns.rounds} rounds x {ns.calls} calls{gap}, "
         f"interleaved, one process; torch threads {torch.get_num_threads()}"
     )
-    head = "".join(f"{k:>12}" for k in KEYS)
+    head = "".join(f"{k:>13}" for k in KEYS)
     print(f"{'model':12}{head}{'program/direct':>16}{'paired':>8}{'old/direct':>12}{'paired':>8}")
     for name, med, times in rows:
-        cells = "".join(f"{med[k]:12.3f}" if k in med else f"{'-':>12}" for k in KEYS)
+        cells = "".join(f"{med[k]:13.3f}" if k in med else f"{'-':>13}" for k in KEYS)
         ratios = "".join(
             f"{med[k] / med['direct']:{w}.3f}{paired(times, k, 'direct'):8.3f}"
             for k, w in (("program", 16), ("old", 12))
