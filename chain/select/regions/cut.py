@@ -1,0 +1,190 @@
+"""Cut a graph into regions at module boundaries (`nn_module_stack`), with torch.fx's own
+`split_module`: each region a submodule of the split graph, called in order.
+
+A module whose ops exceed `max_nodes` is cut again at its children's boundaries; regions
+with fewer than `min_nodes` ops join their neighbour (a crossing costs more than they
+can save). Each region's key is its structure (ops, arguments by position) and the
+specs of the inputs it receives, so repeated layers share one key: one layer's trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.passes.split_module import split_module
+
+from chain.report.graphinfo import fingerprint
+
+MIN_NODES = 8  # a region of fewer ops is merged into its neighbour: not worth a crossing
+MAX_NODES = 80  # a module of more ops is cut again at its children's boundaries
+SUBMOD = "submod_"  # split_module's names for the parts: submod_0, submod_1, ...
+COMPUTE = ("call_function", "call_method", "call_module")
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """One region: its submodule's name in the split graph, the module path it covers,
+    its op count, its structural key, and the activations it receives from earlier
+    regions (weights and graph inputs do not count: they cross nothing)."""
+
+    name: str
+    path: str
+    ops: int
+    key: str = ""
+    crossing_in: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """A graph cut into regions: the split graph (its submodules are the regions, in call
+    order) and each region's facts."""
+
+    split: fx.GraphModule
+    regions: tuple[Region, ...]
+
+    def submodule(self, region: Region) -> fx.GraphModule:
+        """The region's own graph module."""
+        sub = getattr(self.split, region.name)
+        if not isinstance(sub, fx.GraphModule):
+            raise TypeError(f"{region.name} is a {type(sub).__name__}, not a graph module")
+        return sub
+
+    @property
+    def unique(self) -> int:
+        """How many regions differ in structure (the trials a selection pays for)."""
+        return len({r.key for r in self.regions})
+
+
+def module_path(node: fx.Node) -> tuple[str, ...]:
+    """The module a node was traced in, as path components without dynamo's root
+    (`L['self'].encoder.layer.0` -> ("encoder", "layer", "0")); () at the top level."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ()
+    path, _ = list(stack.values())[-1]
+    parts = str(path).split(".")
+    return tuple(parts[1:]) if parts and parts[0].startswith("L[") else tuple(parts)
+
+
+def label(nodes: Sequence[fx.Node], min_nodes: int = MIN_NODES, max_nodes: int = MAX_NODES
+          ) -> list[int]:  # fmt: skip
+    """A region number per compute node (in graph order): runs of one module, cut deeper
+    where a run is over `max_nodes`, runs under `min_nodes` merged into a neighbour."""
+    paths = [module_path(n) for n in nodes]
+    runs = _runs(list(range(len(nodes))), paths, 1, max_nodes)
+    runs = _merged(runs, min_nodes)
+    out = [0] * len(nodes)
+    for number, run in enumerate(runs):
+        for i in run:
+            out[i] = number
+    return out
+
+
+def _runs(index: list[int], paths: list[tuple[str, ...]], depth: int, max_nodes: int
+          ) -> list[list[int]]:  # fmt: skip
+    """Consecutive nodes sharing their path's first `depth` components; a run over
+    `max_nodes` whose nodes go deeper is cut again one level down."""
+    runs: list[list[int]] = []
+    last: tuple[str, ...] | None = None
+    for i in index:
+        prefix = paths[i][:depth]
+        if runs and prefix == last:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+            last = prefix
+    out: list[list[int]] = []
+    for run in runs:
+        deeper = any(len(paths[i]) > depth for i in run)
+        if len(run) > max_nodes and deeper:
+            out += _runs(run, paths, depth + 1, max_nodes)
+        else:
+            out.append(run)
+    return out
+
+
+def _merged(runs: list[list[int]], min_nodes: int) -> list[list[int]]:
+    """Runs under `min_nodes` join the run before them (the first joins the next)."""
+    out: list[list[int]] = []
+    for run in runs:
+        if out and (len(run) < min_nodes or len(out[-1]) < min_nodes):
+            out[-1] = out[-1] + run
+        else:
+            out.append(list(run))
+    return out
+
+
+def cut(
+    gm: fx.GraphModule,
+    inputs: Sequence[Any],
+    min_nodes: int = MIN_NODES,
+    max_nodes: int = MAX_NODES,
+) -> Cut:
+    """`gm` cut into regions (torch.fx's split_module); `inputs` (concrete values) are run
+    once through the split graph to record each region's inputs for its key."""
+    nodes = [n for n in gm.graph.nodes if n.op in COMPUTE]
+    numbers = dict(zip(nodes, label(nodes, min_nodes, max_nodes), strict=True))
+    members: dict[int, list[tuple[str, ...]]] = {}
+    for node, number in numbers.items():
+        members.setdefault(number, []).append(module_path(node))
+
+    def part(node: fx.Node) -> int:
+        return numbers[node]
+
+    split = split_module(gm, gm, part, keep_original_order=True)
+    recorded = record_inputs(split, inputs)
+    names = [n.target for n in split.graph.nodes if n.op == "call_module"]
+    produced = _activations(split)
+    regions = []
+    for name in names:
+        sub = getattr(split, str(name))
+        number = int(str(name).removeprefix(SUBMOD))
+        ops = sum(1 for n in sub.graph.nodes if n.op in COMPUTE)
+        path = ".".join(_common(members[number])) or "(top)"
+        key = fingerprint(sub, recorded[str(name)])
+        regions.append(Region(str(name), path, ops, key, produced.get(str(name), 0)))
+    return Cut(split, tuple(regions))
+
+
+def _common(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """The longest module path every one of `paths` lies in."""
+    out: list[str] = []
+    for parts in zip(*paths, strict=False):
+        if any(p != parts[0] for p in parts):
+            break
+        out.append(parts[0])
+    return tuple(out)
+
+
+def _activations(split: fx.GraphModule) -> dict[str, int]:
+    """Per region: how many of its arguments are other regions' outputs."""
+    out: dict[str, int] = {}
+    for node in split.graph.nodes:
+        if node.op == "call_module":
+            args = node.all_input_nodes
+            out[str(node.target)] = sum(1 for a in args if a.op != "placeholder")
+    return out
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the split graph, keeping each region's arguments as it receives them."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        super().__init__(module)
+        self.seen: dict[str, tuple[Any, ...]] = {}
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        self.seen[str(target)] = tuple(args)
+        return super().call_module(target, args, kwargs)
+
+
+def record_inputs(split: fx.GraphModule, inputs: Sequence[Any]) -> dict[str, tuple[Any, ...]]:
+    """Each region's real inputs on one run of `split` over `inputs` (concrete values)."""
+    recorder = _Recorder(split)
+    with torch.no_grad():
+        recorder.run(*inputs)
+    return recorder.seen
