@@ -36,6 +36,7 @@ class Region:
     ops: int
     key: str = ""
     crossing_in: int = 0
+    single: bool = False  # its module returned one value: wrapped in a tuple for backends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +44,41 @@ class Cut:
     """A graph cut into regions: the split graph (its submodules are the regions, in call
     order) and each region's facts."""
 
-    split: fx.GraphModule
+    split: fx.GraphModule  # its submodules: `Call`s running each region's graph
     regions: tuple[Region, ...]
+    graphs: dict[str, fx.GraphModule]  # per region: its graph, returning a tuple
+    inputs: dict[str, tuple[Any, ...]]  # per region: its real inputs on the recorded run
 
     def submodule(self, region: Region) -> fx.GraphModule:
-        """The region's own graph module."""
-        sub = getattr(self.split, region.name)
-        if not isinstance(sub, fx.GraphModule):
-            raise TypeError(f"{region.name} is a {type(sub).__name__}, not a graph module")
-        return sub
+        """The region's own graph module (its outputs always a tuple, as dynamo's are)."""
+        return self.graphs[region.name]
+
+    def with_calls(self, fns: dict[str, Any]) -> fx.GraphModule:
+        """The split graph with each region run by `fns[name]` (a compiled region): a new
+        graph module; this cut's own is left as it is."""
+        stitched = fx.GraphModule(self.split, self.split.graph)
+        for region in self.regions:
+            setattr(stitched, region.name, Call(fns[region.name], region.single))
+        return stitched
 
     @property
     def unique(self) -> int:
         """How many regions differ in structure (the trials a selection pays for)."""
         return len({r.key for r in self.regions})
+
+
+class Call(torch.nn.Module):
+    """One region's call in the split graph: the compiled region, its one output
+    unwrapped where the region's module returned one value."""
+
+    def __init__(self, fn: Any, single: bool) -> None:
+        super().__init__()
+        self.fn = fn
+        self.single = single
+
+    def forward(self, *args: Any) -> Any:
+        out = self.fn(*args)
+        return out[0] if self.single else out
 
 
 def module_path(node: fx.Node) -> tuple[str, ...]:
@@ -137,17 +159,31 @@ def cut(
 
     split = split_module(gm, gm, part, keep_original_order=True)
     recorded = record_inputs(split, inputs)
-    names = [n.target for n in split.graph.nodes if n.op == "call_module"]
+    names = [str(n.target) for n in split.graph.nodes if n.op == "call_module"]
     produced = _activations(split)
-    regions = []
+    regions, graphs = [], {}
     for name in names:
-        sub = getattr(split, str(name))
-        number = int(str(name).removeprefix(SUBMOD))
+        sub = getattr(split, name)
+        single = _as_tuple(sub)
+        number = int(name.removeprefix(SUBMOD))
         ops = sum(1 for n in sub.graph.nodes if n.op in COMPUTE)
         path = ".".join(_common(members[number])) or "(top)"
-        key = fingerprint(sub, recorded[str(name)])
-        regions.append(Region(str(name), path, ops, key, produced.get(str(name), 0)))
-    return Cut(split, tuple(regions))
+        key = fingerprint(sub, recorded[name])
+        regions.append(Region(name, path, ops, key, produced.get(name, 0), single))
+        graphs[name] = sub
+        setattr(split, name, Call(sub.forward, single))
+    return Cut(split, tuple(regions), graphs, recorded)
+
+
+def _as_tuple(sub: fx.GraphModule) -> bool:
+    """Make `sub` return a tuple, as the graphs dynamo hands backends do; whether it
+    returned one value before (its call then unwraps it)."""
+    output = next(n for n in reversed(sub.graph.nodes) if n.op == "output")
+    if isinstance(output.args[0], tuple | list):
+        return False
+    output.args = ((output.args[0],),)
+    sub.recompile()
+    return True
 
 
 def _common(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
