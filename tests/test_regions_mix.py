@@ -240,3 +240,23 @@ def test_regions_needs_fastest_mode() -> None:
     with pytest.raises(InvalidOption, match="regions=True needs mode='fastest'"):
         chain("eager", regions=True)
     assert chain("eager", mode="fastest").selection.regions is False
+
+
+def test_the_report_shows_each_region_its_winner_and_the_crossings(tmp_path: Any) -> None:
+    from chain.report.report import Report
+
+    torch._dynamo.reset()
+    model = TwoTowers().eval()
+    backend = chain(
+        rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True
+    )
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=False)(torch.randn(2, 16))
+    path = backend.report.save(tmp_path / "run.json")
+    for report in (backend.report, Report.load(path)):  # live, and read back from its file
+        text = report.render(width=200)
+        assert "graph 0: regions won (faster than whole-graph drop_" in text
+        assert " a (" in text and "-> drop_a: drop_a " in text
+        assert " b (" in text and "-> drop_b: drop_b " in text
+        assert "crossings: drop_a -> drop_b " in text
+        assert "-> drop_b: drop_b" in report.to_markdown()

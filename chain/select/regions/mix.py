@@ -20,6 +20,7 @@ from chain.judge.rounds import measure
 from chain.judge.speed import EAGER, EAGER_REF, UNDECIDED_MORE, timed
 from chain.judge.timing import FASTER, TimingError, compare
 from chain.report.records import Attempt, Status
+from chain.report.regions import REGIONS as REGIONS  # the attempt's name (re-exported)
 from chain.select.attempt import Reference
 from chain.select.concrete import concretize
 from chain.select.regions.crossing import all_crossings
@@ -30,7 +31,6 @@ from chain.select.worker import timing_deadline
 if TYPE_CHECKING:
     from chain.select.candidates import Selection
 
-REGIONS = "regions"  # the attempt's name: the graph served by its regions' winners
 Fns = dict[str, Callable[..., Any]]
 
 
