@@ -260,3 +260,20 @@ def test_the_report_shows_each_region_its_winner_and_the_crossings(tmp_path: Any
         assert " b (" in text and "-> drop_b: drop_b " in text
         assert "crossings: drop_a -> drop_b " in text
         assert "-> drop_b: drop_b" in report.to_markdown()
+
+
+def test_the_html_report_draws_the_regions(tmp_path: Any) -> None:
+    from chain.report.look import html
+    from chain.report.report import Report
+
+    torch._dynamo.reset()
+    backend = chain(
+        rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True
+    )
+    with torch.no_grad():
+        torch.compile(TwoTowers().eval(), backend=backend, dynamic=False)(torch.randn(2, 16))
+    path = backend.report.save(tmp_path / "run.json")
+    page = html.render(Report.load(path))
+    assert '<div id="regions-0"><p>Mixed regions (won)' in page
+    assert page.count("<rect ") >= 2 and "a: drop_a, " in page and "b: drop_b, " in page
+    assert "<td>drop_a</td>" in page and "<td>drop_b</td>" in page
