@@ -6,13 +6,15 @@ Whatever happens becomes the `regions` attempt with its reason; nothing escapes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
+from torch._guards import compile_context, tracing
 
 from backends.errors import one_line
 from chain.judge.assign import Assignment, cheapest
@@ -51,7 +53,8 @@ def mix(
     start = time.perf_counter()
     winner = next((a.backend for a in attempts if a.status is Status.WON), EAGER)
     try:
-        attempt, fn = _mixed(selection, gm, inputs, reference, winner, fns)
+        with _apart_from_dynamo():
+            attempt, fn = _mixed(selection, gm, inputs, reference, winner, fns)
     except Declined as why:
         attempt, fn = Attempt(REGIONS, Status.UNSUPPORTED, str(why)), None
     except Exception as exc:  # a failure of mixing is a record, never the graph's crash
@@ -73,6 +76,16 @@ def mix(
         else a
         for a in attempts
     ] + [attempt], fns
+
+
+@contextlib.contextmanager
+def _apart_from_dynamo() -> Iterator[None]:
+    """No dynamo tracing or compile context while regions compile: a region is a graph of
+    its own, whose inputs dynamo never saw; compiled inside dynamo's context, a backend's
+    shape guards on them land in dynamo's shape env without a source (measured: inductor on
+    a ConvNeXt region made dynamo's guard building raise IndexError)."""
+    with tracing(None), compile_context(None):
+        yield
 
 
 def _mixed(
