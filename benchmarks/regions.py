@@ -19,6 +19,7 @@ The figures are this machine's at this load: the load average is printed before 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import statistics
@@ -36,6 +37,8 @@ from chain import chain
 from chain.select.regions.mix import REGIONS
 
 TEXT_TOKENS = 256
+# every variant selects afresh (no remembered decision) and no challenger compiles while timed
+FRESH: dict[str, Any] = {"memory": False, "challengers": None}
 
 
 def _text_config() -> Any:
@@ -86,9 +89,9 @@ def load() -> str:
 
 def compiled(model: torch.nn.Module, args: tuple[Any, ...], backend: Any
              ) -> tuple[Callable[..., Any], float]:  # fmt: skip
-    """`model` under torch.compile with `backend`, and its first call's wall time."""
-    torch._dynamo.reset()
-    fast = torch.compile(model, backend=backend, dynamic=False)
+    """A copy of `model` under torch.compile with `backend`, and its first call's wall time
+    (a copy each: no variant's compiled code is reset by another's, none reused)."""
+    fast = torch.compile(copy.deepcopy(model), backend=backend, dynamic=False)
     start = time.perf_counter()
     with torch.no_grad():
         fast(*args)
@@ -132,11 +135,11 @@ def run(name: str, backends: list[str], rounds: int, calls: int) -> None:
     runs: dict[str, Callable[..., Any]] = {"eager": model}
     compile_s: dict[str, float] = {"eager": 0.0}
     for b in backends:  # the peer alone, unverified: it may not pass the chain's check
-        single = chain(b, verify=False, measure=False)
+        single = chain(b, verify=False, measure=False, **FRESH)
         runs[b], compile_s[b] = compiled(model, args, single)
-    whole = chain(*backends, "eager", mode="fastest")
+    whole = chain(*backends, "eager", mode="fastest", **FRESH)
     runs["whole-graph winner"], compile_s["whole-graph winner"] = compiled(model, args, whole)
-    mixed = chain(*backends, "eager", mode="fastest", regions=True)
+    mixed = chain(*backends, "eager", mode="fastest", regions=True, **FRESH)
     runs["mixed"], compile_s["mixed"] = compiled(model, args, mixed)
     med = timed(runs, args, rounds, calls)
     best = min(backends, key=lambda b: med[b])

@@ -23,7 +23,7 @@ from chain.judge.speed import EAGER, EAGER_REF, UNDECIDED_MORE, timed
 from chain.judge.timing import FASTER, TimingError, compare
 from chain.report.records import Attempt, Status
 from chain.report.regions import REGIONS as REGIONS  # the attempt's name (re-exported)
-from chain.select.attempt import Reference
+from chain.select.attempt import Reference, failed_attempt
 from chain.select.concrete import concretize
 from chain.select.regions.crossing import all_crossings
 from chain.select.regions.cut import Cut, Region, cut
@@ -60,8 +60,7 @@ def mix(
     except Exception as exc:  # a failure of mixing is a record, never the graph's crash
         if selection.speed.strict:
             raise
-        attempt = Attempt(REGIONS, Status.COMPILE_ERROR, f"mixing failed: {one_line(exc)}",
-                          error_type=type(exc).__name__)  # fmt: skip
+        attempt = failed_attempt(REGIONS, Status.COMPILE_ERROR, exc, "mixing failed: ")
         fn = None
     attempt = dataclasses.replace(attempt, compile_s=time.perf_counter() - start)
     if fn is None:
@@ -71,7 +70,7 @@ def mix(
         return [*attempts, attempt], fns
     beaten = f"the mixed regions beat it: {attempt.latency_ms:.3f} ms vs its "
     return [
-        dataclasses.replace(a, status=Status.SLOWER, reason=f"{beaten}{a.latency_ms:.3f} ms")
+        dataclasses.replace(a, status=Status.SLOWER, reason=f"{beaten}{a.latency_ms or 0:.3f} ms")
         if a.status is Status.WON
         else a
         for a in attempts
@@ -219,10 +218,12 @@ def _timed(
     )
     attempt = timed(Attempt(REGIONS, Status.WON, "", details=details), against_eager)
     name = "eager" if baseline == EAGER_REF else f"whole-graph {winner}"
-    if mine.verdict == FASTER:
+    if mine.verdict == FASTER:  # against eager, the figures follow (SpeedRules.explained)
         why = f"faster than {name}: {mine.interval()}"
+        if name == "eager":
+            why = "eager won the whole graph; the mixed regions beat it"
         return dataclasses.replace(attempt, reason=why), stitched
-    why = f"not faster than {name} with confidence ({mine.verdict}: {mine.interval()}); it kept"
+    why = f"not faster than {name} with confidence ({mine.verdict}: {mine.interval()}): {name} kept"
     return dataclasses.replace(attempt, status=Status.SLOWER, reason=why), stitched
 
 
