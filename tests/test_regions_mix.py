@@ -247,9 +247,7 @@ def test_the_report_shows_each_region_its_winner_and_the_crossings(tmp_path: Any
 
     torch._dynamo.reset()
     model = TwoTowers().eval()
-    backend = chain(
-        rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True
-    )
+    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
     with torch.no_grad():
         torch.compile(model, backend=backend, dynamic=False)(torch.randn(2, 16))
     path = backend.report.save(tmp_path / "run.json")
@@ -267,9 +265,7 @@ def test_the_html_report_draws_the_regions(tmp_path: Any) -> None:
     from chain.report.report import Report
 
     torch._dynamo.reset()
-    backend = chain(
-        rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True
-    )
+    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
     with torch.no_grad():
         torch.compile(TwoTowers().eval(), backend=backend, dynamic=False)(torch.randn(2, 16))
     path = backend.report.save(tmp_path / "run.json")
@@ -277,3 +273,17 @@ def test_the_html_report_draws_the_regions(tmp_path: Any) -> None:
     assert '<div id="regions-0"><p>Mixed regions (won)' in page
     assert page.count("<rect ") >= 2 and "a: drop_a, " in page and "b: drop_b, " in page
     assert "<td>drop_a</td>" in page and "<td>drop_b</td>" in page
+
+
+def test_a_mixed_winner_is_not_remembered(tmp_path: Any) -> None:
+    torch._dynamo.reset()
+    backend = chain(
+        rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True,
+        memory=True, store=tmp_path / "store",
+    )  # fmt: skip
+    with torch.no_grad():
+        torch.compile(TwoTowers().eval(), backend=backend, dynamic=False)(torch.randn(2, 16))
+    [record] = backend.report.graphs
+    assert record.winner == REGIONS
+    assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()], "stored"
+    assert any("mixed-regions winner is not remembered" in n for n in record.notes)
