@@ -287,3 +287,32 @@ def test_a_mixed_winner_is_not_remembered(tmp_path: Any) -> None:
     assert record.winner == REGIONS
     assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()], "stored"
     assert any("mixed-regions winner is not remembered" in n for n in record.notes)
+
+
+class ThreeTowers(nn.Module):
+    """Two towers of the same structure (slow in eager on op a), then tower b."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = Tower(slow_a)
+        self.a2 = Tower(slow_a)
+        self.b = Tower(slow_b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a2(self.a(x)))
+
+
+def test_consecutive_regions_of_one_backend_become_one_part() -> None:
+    torch._dynamo.reset()
+    model = ThreeTowers().eval()
+    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    fast = torch.compile(model, backend=backend, dynamic=False)
+    check_calls(fast, model, torch.no_grad)
+    attempt, record = regions_attempt(backend)
+    assert record.winner == REGIONS, attempt.reason
+    rows, parts = attempt.details["regions"], attempt.details["parts"]
+    assert [r["backend"] for r in rows] == ["drop_a", "drop_a", "drop_b"]
+    assert rows[0]["key"] == rows[1]["key"] and attempt.details["unique"] == 2  # one trial
+    assert [p["backend"] for p in parts] == ["drop_a", "drop_b"]
+    assert parts[0]["ops"] == rows[0]["ops"] + rows[1]["ops"]
+    assert "parts (consecutive regions of one backend joined): " in backend.report.render(200)

@@ -40,6 +40,12 @@ def graph_lines(graph: GraphRecord, attempt: Attempt) -> list[str]:
             f"{_ms(d.get('planned_ms'))} (crossings {_ms(d.get('planned_crossings_ms'))})"
         )
     out = [head, *map(_region_line, rows)]
+    parts = [p for p in d.get("parts", ()) if isinstance(p, Mapping)]
+    if parts:
+        out.append("  parts (consecutive regions of one backend joined): " + "; ".join(
+            f"{p.get('name', '?')} {p.get('path', '?')} ({p.get('ops', '?')} ops) -> "
+            f"{p.get('backend', '?')}" for p in parts
+        ))  # fmt: skip
     crossings = d.get("crossings_ms")
     if isinstance(crossings, Mapping) and crossings:
         out.append("  crossings: " + ", ".join(f"{k} {_ms(v)}" for k, v in crossings.items()))

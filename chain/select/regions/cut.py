@@ -48,6 +48,7 @@ class Cut:
     regions: tuple[Region, ...]
     graphs: dict[str, fx.GraphModule]  # per region: its graph, returning a tuple
     inputs: dict[str, tuple[Any, ...]]  # per region: its real inputs on the recorded run
+    labels: dict[str, int] = dataclasses.field(default_factory=dict)  # node name -> part
 
     def submodule(self, region: Region) -> fx.GraphModule:
         """The region's own graph module (its outputs always a tuple, as dynamo's are)."""
@@ -149,7 +150,22 @@ def cut(
     """`gm` cut into regions (torch.fx's split_module); `inputs` (concrete values) are run
     once through the split graph to record each region's inputs for its key."""
     nodes = [n for n in gm.graph.nodes if n.op in COMPUTE]
-    numbers = dict(zip(nodes, label(nodes, min_nodes, max_nodes), strict=True))
+    return _split(gm, inputs, dict(zip(nodes, label(nodes, min_nodes, max_nodes), strict=True)))
+
+
+def regroup(gm: fx.GraphModule, inputs: Sequence[Any], base: Cut, groups: Sequence[int]) -> Cut:
+    """`gm` cut again with `base`'s regions joined by group (`groups[i]`: region i's group;
+    consecutive regions only): consecutive regions one backend serves become one part, one
+    compile and one call."""
+    position = {int(r.name.removeprefix(SUBMOD)): i for i, r in enumerate(base.regions)}
+    numbers = {
+        n: groups[position[base.labels[n.name]]] for n in gm.graph.nodes if n.name in base.labels
+    }
+    return _split(gm, inputs, numbers)
+
+
+def _split(gm: fx.GraphModule, inputs: Sequence[Any], numbers: dict[fx.Node, int]) -> Cut:
+    """`gm` split with torch.fx's split_module, node `n` into part `numbers[n]`."""
     members: dict[int, list[tuple[str, ...]]] = {}
     for node, number in numbers.items():
         members.setdefault(number, []).append(module_path(node))
@@ -172,7 +188,8 @@ def cut(
         regions.append(Region(name, path, ops, key, produced.get(name, 0), single))
         graphs[name] = sub
         setattr(split, name, Call(sub.forward, single))
-    return Cut(split, tuple(regions), graphs, recorded)
+    labels = {n.name: number for n, number in numbers.items()}
+    return Cut(split, tuple(regions), graphs, recorded, labels)
 
 
 def _as_tuple(sub: fx.GraphModule) -> bool:

@@ -26,7 +26,7 @@ from chain.report.regions import REGIONS as REGIONS  # the attempt's name (re-ex
 from chain.select.attempt import Reference, failed_attempt
 from chain.select.concrete import concretize
 from chain.select.regions.crossing import all_crossings
-from chain.select.regions.cut import Cut, Region, cut
+from chain.select.regions.cut import Cut, Region, cut, regroup
 from chain.select.regions.trials import Trial, trial
 from chain.select.worker import timing_deadline
 
@@ -126,9 +126,12 @@ def _mixed(
             f"({1000 * plan.total:.3f} ms planned): nothing to mix; the whole graph kept"
         )
         return Attempt(REGIONS, Status.SLOWER, why, details=details), None
-    parts, served = _compiled(selection, regions, trials, plan)
-    details["regions"] = [{**d, "backend": served[d["name"]]} for d in details["regions"]]
-    stitched = regions.with_calls(parts)
+    whole, parts, served = _parts(selection, gm, reference, regions, trials, plan)
+    details["parts"] = [
+        {"name": p.name, "path": p.path, "ops": p.ops, "backend": served[p.name]}
+        for p in whole.regions
+    ]
+    stitched = whole.with_calls(parts)
     ran = reference.inputs()
     with torch.no_grad():
         outputs = stitched(*ran)
@@ -145,30 +148,59 @@ def _with_eager(t: Trial, sub: fx.GraphModule) -> Fns:
     return {**t.fns, EAGER: t.fn(EAGER, sub)}
 
 
-def _compiled(
-    selection: Selection, regions: Cut, trials: dict[str, Trial], plan: Assignment
-) -> tuple[Fns, dict[str, str]]:
-    """Each region compiled under its assigned backend: a region that ran its key's trial
-    reuses the trial's callable; the others compile anew (their weights are their own)
-    and are verified on their own inputs; one that fails is served by eager."""
-    parts: Fns = {}
-    served: dict[str, str] = {}
-    tried: set[str] = set()
+def _groups(backends: tuple[str, ...]) -> list[int]:
+    """A part number per region: consecutive regions under one backend share a part."""
+    out, part = [], 0
+    for i, backend in enumerate(backends):
+        part += 1 if i and backend != backends[i - 1] else 0
+        out.append(part)
+    return out
+
+
+def _placeholders(sub: fx.GraphModule) -> list[str]:
+    return [n.name for n in sub.graph.nodes if n.op == "placeholder"]
+
+
+def _parts(
+    selection: Selection,
+    gm: fx.GraphModule,
+    reference: Reference,
+    regions: Cut,
+    trials: dict[str, Trial],
+    plan: Assignment,
+) -> tuple[Cut, Fns, dict[str, str]]:
+    """The graph cut into parts (consecutive regions under one backend joined: one compile,
+    one call), each compiled under its backend and verified on its own inputs; a part that
+    fails is served by eager, with the reason. A part that is one region, the one its
+    key's trial ran on, reuses the trial's callable."""
+    groups = _groups(plan.backends)
+    if len(set(groups)) == len(groups):
+        whole = regions
+    else:
+        whole = regroup(gm, reference.inputs(), regions, groups)
+    first: dict[int, int] = {}
+    for i, g in enumerate(groups):
+        first.setdefault(g, i)
+    tried: dict[str, str] = {}  # key -> the region its trial ran on
+    for r in regions.regions:
+        tried.setdefault(r.key, r.name)
     by_name = {b.name: b for b in selection.backends}
-    for region, backend in zip(regions.regions, plan.backends, strict=True):
-        sub = regions.submodule(region)
-        t = trials[region.key]
-        served[region.name] = backend
+    fns: Fns = {}
+    served: dict[str, str] = {}
+    for part, (g, i) in zip(whole.regions, first.items(), strict=True):
+        backend, region = plan.backends[i], regions.regions[i]
+        sub, alone = whole.submodule(part), regions.submodule(region)
+        served[part.name] = backend
+        reuse = groups.count(g) == 1 and tried[region.key] == region.name
         if backend == EAGER:
-            parts[region.name] = sub.forward
-        elif region.key not in tried:
-            parts[region.name] = t.fn(backend, sub)
+            fns[part.name] = sub.forward
+        elif reuse and _placeholders(sub) == _placeholders(alone):
+            fns[part.name] = trials[region.key].fn(backend, alone)
         else:
-            parts[region.name], why = _compile(selection, by_name[backend], sub, regions, region)
+            fns[part.name], why = _compile(selection, by_name[backend], sub, whole, part)
             if why is not None:
-                served[region.name] = f"{EAGER} ({backend}: {why})"
-        tried.add(region.key)
-    return parts, served
+                served[part.name] = f"{EAGER} ({backend}: {why})"
+    return whole, fns, served
 
 
 def _compile(
