@@ -41,6 +41,8 @@ def chain(*backends: object, **kwargs: object) -> Chain:
     - `bucket_after`, `max_buckets`, `max_bucket_mb`: per-shape buckets
     - `challengers`: backends compiled in the background and raced against the winner
       at run time ("auto": inductor where installed)
+    - `regions`: with mode "fastest", also serve a graph by regions under different
+      backends, kept only when measurably faster than the whole-graph winner (off by default)
 
     Each is described in [Options](guide/options.md#chain-options).
     """

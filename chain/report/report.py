@@ -22,6 +22,7 @@ from chain.report import json_fields as jf
 from chain.report.columns import Column, fitted_table, markdown, printable, texts, to_csv
 from chain.report.json_fields import deeper_than, short
 from chain.report.records import FAILURES, Attempt, GraphRecord, Status
+from chain.report.regions import region_lines
 from chain.report.texts import (
     BUCKET_COLUMNS,
     bucket_rows,
@@ -289,6 +290,7 @@ class Report:
         buckets = self.buckets_table(width)
         reasons = self.full_reasons() if failures_only else []
         races = [Text(printable(line), overflow="fold") for line in self.race_lines()]
+        races += [Text(printable(line), overflow="fold") for line in region_lines(self.graphs)]
         return Group(
             graphs, attempts, *([buckets] if buckets is not None else []), *races, *reasons
         )
@@ -362,6 +364,8 @@ class Report:
             lines += ["", *markdown(BUCKET_COLUMNS, buckets)]
         if races := self.race_lines():
             lines += ["", *(f"- {line.strip()}" for line in races)]
+        if regions := region_lines(self.graphs):
+            lines += ["", "```", *regions, "```"]
         return "\n".join(lines) + f"\n\n{self.summary_line()}\n"
 
     def to_csv(self, failures_only: bool = False) -> str:

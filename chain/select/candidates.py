@@ -25,6 +25,7 @@ from chain.run.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.select.attempt import Reference, try_backend
 from chain.select.concrete import concretize
 from chain.select.isolation import Isolation
+from chain.select.regions.mix import mix
 from chain.select.timed import time_candidates
 
 
@@ -54,6 +55,7 @@ class Selection:
     verify: bool
     tolerances: dict[torch.dtype, tuple[float, float]] | None
     max_retries: int
+    regions: bool = False  # fastest mode: also try the graph's regions under mixed backends
 
     def reference(
         self,
@@ -192,6 +194,8 @@ class Selection:
             eager = timings.get(EAGER_REF)
         if self.mode == "fastest":
             attempts = self.speed.pick_fastest(attempts, eager)
+            if self.regions and self._timed(reference) and start == 0:  # chain.select.regions
+                attempts, passed = mix(self, gm, inputs, reference, attempts, passed)
         elif not passed:
             attempts = self.speed.rescue_slower(attempts, slow, passed)
         attempts = self.speed.explained(attempts)  # the winner's reason: its speed case

@@ -82,6 +82,7 @@ class Chain:
         max_bucket_mb: float | None = None,
         max_artefact_mb: float | None = None,
         challengers: str | Sequence[BackendSpec] = "auto",
+        regions: bool = False,
     ) -> None:
         if not backends:
             raise InvalidBackend(
@@ -123,13 +124,15 @@ class Chain:
                        min_speedup=min_speedup, eager_floor=eager_floor, cuda_graphs=cuda_graphs,
                        options=self.options, tolerances=tolerances,
                        compile_timeout_s=compile_timeout_s)  # fmt: skip
+        if regions:  # a mixed decision is another decision (absent: keys as before)
+            decides["regions"] = True
         on = enabled_by_env() if memory is None else memory  # chain.memory: remembered winners
         self.memory = Memory(store, decides, max_artefact_mb) if on else None
         self._once = Once(decides)  # one selection per graph in this process (chain.select.once)
         # the stages a new graph goes through, in order (see __call__)
         self.selection = Selection(
             self.backends, self.options, self.graphs, self.speed, mode=mode, verify=verify,
-            tolerances=tolerances, max_retries=max_retries,
+            tolerances=tolerances, max_retries=max_retries, regions=regions,
         )  # fmt: skip
         self.recall = Remembered(self.memory, self.selection, self.records, eager_floor)
         self.racing = RaceStage(

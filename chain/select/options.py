@@ -143,10 +143,12 @@ CHAIN_OPTIONS: dict[str, Check] = {
     "max_bucket_mb": optional(number(above=0, high=2**20)),  # MiB of serving buckets; a TiB
     "max_artefact_mb": optional(number(low=0, high=2**20)),  # a TiB
     "challengers": challengers,
+    "regions": boolean,
 }
 
 
-DEFAULTS = {"mode": "first", "measure": True, "min_speedup": None}  # Chain.__init__'s
+# Chain.__init__'s defaults
+DEFAULTS = {"mode": "first", "measure": True, "min_speedup": None, "regions": False}
 # (options contradict each other when this holds, what to say): each is valid alone
 CONFLICTS: tuple[tuple[Callable[[Mapping[str, Any]], bool], str], ...] = (
     (
@@ -156,6 +158,10 @@ CONFLICTS: tuple[tuple[Callable[[Mapping[str, Any]], bool], str], ...] = (
     (
         lambda v: v["min_speedup"] is not None and not v["measure"],
         "min_speedup needs measure=True: a speedup is known only when timed",
+    ),
+    (
+        lambda v: v["regions"] and v["mode"] != "fastest",
+        "regions=True needs mode='fastest': regions are chosen by latency",
     ),
 )
 

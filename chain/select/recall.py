@@ -23,6 +23,7 @@ from chain.select.attempt import Reference
 from chain.select.candidates import Selected, Selection
 from chain.select.once import Reused
 from chain.select.records import Records
+from chain.select.regions.mix import REGIONS
 
 
 @dataclasses.dataclass
@@ -62,6 +63,11 @@ class Remembered:
             self._kept[record.id] = recall
         self._errors[record.id] = errors
         stored = self.memory is not None and not selected.hit  # a selection ran: remember it
+        if stored and record.winner == REGIONS:  # its parts are no one artefact yet
+            stored = False
+            record = self.records.note(
+                record.id, "memory: a mixed-regions winner is not remembered (not yet supported)"
+            )
         provisional = not_decided(record) if self.eager_floor else None
         if stored and not provisional and (why := self.tie_not_kept(record)):
             stored = False

@@ -18,7 +18,7 @@ from backends.common.files import atomic_write
 from chain.judge.accuracy import MULTIPLE
 from chain.judge.race import RaceStats
 from chain.report.bucket_stats import BucketStats
-from chain.report.look import svg
+from chain.report.look import regions, svg
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.report.texts import (
     BUCKET_COLUMNS,
@@ -223,6 +223,7 @@ def _graph_section(graph: GraphRecord) -> str:
         parts.append(_buckets(graph, graph.buckets))
     if graph.race is not None:
         parts.append(_race(graph, graph.race))
+    parts.append(regions.section(graph))  # mixed regions, where the selection tried them
     return "".join(parts) + "</details>"
 
 

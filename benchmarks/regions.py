@@ -1,0 +1,171 @@
+"""Mixed regions (issue 49): a hybrid model and a uniform control, each served by eager, by
+each single backend alone, by the chain's whole-graph winner (mode "fastest") and by the
+mixed regions (mode "fastest", regions=True); compile time of each.
+
+Models from configs, random weights: `dual`, a CLIP-like dual encoder (transformers'
+VisionTextDualEncoderModel: a small ConvNeXt vision tower on 32x32 images, a small BERT
+text tower on 256 tokens); `bert`, the uniform control (a small BERT on 256 tokens).
+One torch thread (torch.set_num_threads(1)) unless told; every variant timed side by
+side in interleaved rounds (shuffled order, `--calls` calls a round, medians), no_grad.
+Compile time: the first call's wall time (dynamo, selection, compiles, verification).
+Single backends run unverified (verify=False): a peer's speed whether or not it passes the
+chain's accuracy rule (ONNX Runtime alone fails it on the dual encoder's outputs here).
+The figures are this machine's at this load: the load average is printed before and after.
+
+    python benchmarks/regions.py [--models dual bert] [--rounds 30] [--calls 5]
+        [--threads 1] [--backends onnxruntime inductor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from chain import chain
+from chain.select.regions.mix import REGIONS
+
+TEXT_TOKENS = 256
+# every variant selects afresh (no remembered decision) and no challenger compiles while timed
+FRESH: dict[str, Any] = {"memory": False, "challengers": None}
+
+
+def _text_config() -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=1000, hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+        intermediate_size=128, max_position_embeddings=TEXT_TOKENS,
+    )  # fmt: skip
+
+
+def dual() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """A CLIP-like dual encoder: ConvNeXt vision tower (32x32), BERT text tower (256 tokens)."""
+    from transformers import (
+        ConvNextConfig,
+        VisionTextDualEncoderConfig,
+        VisionTextDualEncoderModel,
+    )
+
+    vision = ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], image_size=32)
+    vision.hidden_size = vision.hidden_sizes[-1]  # the dual encoder reads the pooled width here
+    config = VisionTextDualEncoderConfig.from_vision_text_configs(
+        vision, _text_config(), projection_dim=32
+    )
+    model = VisionTextDualEncoderModel(config=config)
+    ids = torch.randint(0, 1000, (1, TEXT_TOKENS))
+    return model, (ids, torch.randn(1, 3, 32, 32))
+
+
+def bert() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The uniform control: the same small BERT alone (256 tokens)."""
+    from transformers import BertModel
+
+    return BertModel(_text_config()), (torch.randint(0, 1000, (1, TEXT_TOKENS)),)
+
+
+MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
+    "dual": dual,
+    "bert": bert,
+}
+
+
+def load() -> str:
+    """The load averages (1, 5, 15 minutes) on this machine's CPUs."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def compiled(model: torch.nn.Module, args: tuple[Any, ...], backend: Any
+             ) -> tuple[Callable[..., Any], float]:  # fmt: skip
+    """A copy of `model` under torch.compile with `backend`, and its first call's wall time
+    (a copy each: no variant's compiled code is reset by another's, none reused)."""
+    fast = torch.compile(copy.deepcopy(model), backend=backend, dynamic=False)
+    start = time.perf_counter()
+    with torch.no_grad():
+        fast(*args)
+    return fast, time.perf_counter() - start
+
+
+def timed(runs: dict[str, Callable[..., Any]], args: tuple[Any, ...], rounds: int, calls: int
+          ) -> dict[str, float]:  # fmt: skip
+    """Median ms per call of each variant over interleaved rounds (warmed up first)."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    keys = list(runs)
+    with torch.no_grad():
+        for fn in runs.values():
+            for _ in range(5):
+                fn(*args)
+        for _ in range(rounds):
+            random.shuffle(keys)
+            for key in keys:
+                start = time.perf_counter()
+                for _ in range(calls):
+                    runs[key](*args)
+                times[key].append((time.perf_counter() - start) * 1e3 / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def outcome(backend: Any) -> str:
+    """Per graph: the winner, and the regions attempt's status and reason."""
+    out = []
+    for graph in backend.report.graphs:
+        mixed = next((a for a in graph.attempts if a.backend == REGIONS), None)
+        why = f"; regions {mixed.status.value}: {mixed.reason}" if mixed else ""
+        out.append(f"graph {graph.id} ({graph.num_nodes} nodes): {graph.winner}{why}")
+    return "\n  ".join(out)
+
+
+def run(name: str, backends: list[str], rounds: int, calls: int) -> None:
+    torch.manual_seed(0)
+    model, args = MODELS[name]()
+    model.eval()
+    print(f"{name}: {load()} before", flush=True)
+    runs: dict[str, Callable[..., Any]] = {"eager": model}
+    compile_s: dict[str, float] = {"eager": 0.0}
+    for b in backends:  # the peer alone, unverified: it may not pass the chain's check
+        single = chain(b, verify=False, measure=False, **FRESH)
+        runs[b], compile_s[b] = compiled(model, args, single)
+    whole = chain(*backends, "eager", mode="fastest", **FRESH)
+    runs["whole-graph winner"], compile_s["whole-graph winner"] = compiled(model, args, whole)
+    mixed = chain(*backends, "eager", mode="fastest", regions=True, **FRESH)
+    runs["mixed"], compile_s["mixed"] = compiled(model, args, mixed)
+    med = timed(runs, args, rounds, calls)
+    best = min(backends, key=lambda b: med[b])
+    print(f"  whole-graph: {outcome(whole)}")
+    print(f"  mixed: {outcome(mixed)}")
+    print(f"  {'variant':22}{'compile s':>11}{'median ms':>11}{'x best single':>15}")
+    for key in runs:
+        print(f"  {key:22}{compile_s[key]:11.1f}{med[key]:11.3f}{med[best] / med[key]:15.2f}")
+    print(f"  best single backend: {best}; {load()} after", flush=True)
+    print(mixed.report.render(width=160) if os.environ.get("REGIONS_REPORT") else "", end="")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--backends", nargs="+", default=["onnxruntime", "inductor"])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    ns = parser.parse_args()
+    torch.set_num_threads(ns.threads)
+    for name in ns.models:
+        run(name, ns.backends, ns.rounds, ns.calls)
+    print(f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, no_grad, torch threads "
+          f"{torch.get_num_threads()}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Models for the region tests (chain.select.regions): a BERT with repeated layers and a
+two-tower model, from configs with random weights; and the graph dynamo hands a backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+
+def bert(layers: int = 4) -> nn.Module:
+    """A transformers BertModel from a tiny config with `layers` identical layers."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return BertModel(config).eval()
+
+
+def captured(model: nn.Module, *args: Any, dynamic: bool | None = None
+             ) -> tuple[fx.GraphModule, list[Any]]:  # fmt: skip
+    """The one graph dynamo hands a backend for `model(*args)`, and its example inputs."""
+    seen: list[tuple[fx.GraphModule, list[Any]]] = []
+
+    def capture(gm: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        seen.append((gm, list(inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=capture, dynamic=dynamic)(*args)
+    if len(seen) != 1:
+        raise RuntimeError(f"dynamo handed over {len(seen)} graphs, not one")
+    return seen[0]
