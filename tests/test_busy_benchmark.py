@@ -90,8 +90,11 @@ def test_hogs_are_reaped_when_the_block_raises(error: BaseException) -> None:
 
 def _child_with_hogs(tail: str) -> tuple[subprocess.Popen[str], list[int]]:
     """A process that starts two hogs, prints their pids, then runs `tail`."""
+    # a child of a background job inherits SIGINT ignored, and Python then keeps it
+    # ignored: restore the default a terminal's Ctrl-C meets
     code = (
-        "import json, sys, time\nfrom benchmarks.load import Hogs\n"
+        "import json, signal, sys, time\nfrom benchmarks.load import Hogs\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "hogs = Hogs(2).start()\n"
         "print(json.dumps([p.pid for p in hogs.procs]), flush=True)\n" + tail
     )
