@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chain import chain
+from chain.report.regions import region_lines
 from chain.select.regions.mix import REGIONS
 
 TEXT_TOKENS = 256
@@ -149,7 +150,52 @@ def run(name: str, backends: list[str], rounds: int, calls: int) -> None:
     for key in runs:
         print(f"  {key:22}{compile_s[key]:11.1f}{med[key]:11.3f}{med[best] / med[key]:15.2f}")
     print(f"  best single backend: {best}; {load()} after", flush=True)
+    print("\n".join(f"  {line}" for line in region_lines(mixed.report.graphs)), flush=True)
+    if name in TOWERS:
+        towers(name, backends, rounds, calls)
     print(mixed.report.render(width=160) if os.environ.get("REGIONS_REPORT") else "", end="")
+
+
+def _dual_towers() -> dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]:
+    """The dual encoder's two towers apart (same seed, same sizes): each tower with its
+    projection, on its own input."""
+    torch.manual_seed(0)
+    model, (ids, pixels) = dual()
+    model.eval()
+
+    class Vision(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return model.visual_projection(model.vision_model(pixel_values=x).pooler_output)
+
+    class Text(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return model.text_projection(model.text_model(input_ids=x).pooler_output)
+
+    return {"vision": (Vision(), (pixels,)), "text": (Text(), (ids,))}
+
+
+TOWERS: dict[str, Callable[[], dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]]] = {
+    "dual": _dual_towers,
+}
+
+
+def towers(name: str, backends: list[str], rounds: int, calls: int) -> None:
+    """Each tower apart under each single backend (unverified, interleaved): the ideal mix
+    is the sum of each tower's best, against the best single backend's sum."""
+    best: dict[str, float] = {}
+    sums: dict[str, float] = dict.fromkeys(backends, 0.0)
+    for tower, (module, args) in TOWERS[name]().items():
+        runs = {b: compiled(module, args, chain(b, verify=False, measure=False, **FRESH))[0]
+                for b in backends}  # fmt: skip
+        med = timed(runs, args, rounds, calls)
+        for b in backends:
+            sums[b] += med[b]
+        best[tower] = min(med.values())
+        print(f"  {tower} tower alone: " + ", ".join(f"{b} {med[b]:.3f} ms" for b in backends))
+    single = min(sums.values())
+    ideal = sum(best.values())
+    print(f"  towers: best single backend {single:.3f} ms, ideal mix {ideal:.3f} ms: "
+          f"{single / ideal:.2f}x; {load()}", flush=True)  # fmt: skip
 
 
 def main() -> None:
