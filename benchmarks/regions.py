@@ -4,16 +4,21 @@ mixed regions (mode "fastest", regions=True); compile time of each.
 
 Models from configs, random weights: `dual`, a CLIP-like dual encoder (transformers'
 VisionTextDualEncoderModel: a small ConvNeXt vision tower on 32x32 images, a small BERT
-text tower on 256 tokens); `bert`, the uniform control (a small BERT on 256 tokens).
-One torch thread (torch.set_num_threads(1)) unless told; every variant timed side by
-side in interleaved rounds (shuffled order, `--calls` calls a round, medians), no_grad.
+text tower on 256 tokens); `captioner`, a vision encoder-decoder (transformers'
+VisionEncoderDecoderModel: a small ViT encoder on 32x32 images, a small GPT-2 decoder with
+cross-attention on 64 tokens); uniform controls `bert` (the small BERT on 256 tokens),
+`gpt2` (a small GPT-2 on 256 tokens), `resnet` (a small transformers ResNet on 64x64).
+The dual encoder's towers are also timed apart under each backend: the ideal mix.
+One thread (torch.set_num_threads, ONNX Runtime's intra_op_num_threads) unless told; every
+variant timed side by side in interleaved rounds (shuffled order, `--calls` calls a round,
+medians), no_grad.
 Compile time: the first call's wall time (dynamo, selection, compiles, verification).
 Single backends run unverified (verify=False): a peer's speed whether or not it passes the
 chain's accuracy rule (ONNX Runtime alone fails it on the dual encoder's outputs here).
 The figures are this machine's at this load: the load average is printed before and after.
 
-    python benchmarks/regions.py [--models dual bert] [--rounds 30] [--calls 5]
-        [--threads 1] [--backends onnxruntime inductor]
+    python benchmarks/regions.py [--models dual captioner bert gpt2 resnet] [--rounds 30]
+        [--calls 5] [--threads 1] [--backends onnxruntime inductor]
 """
 
 from __future__ import annotations
@@ -34,11 +39,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chain import chain
+from chain.bench.candidates import thread_options
+from chain.report.regions import region_lines
 from chain.select.regions.mix import REGIONS
 
 TEXT_TOKENS = 256
 # every variant selects afresh (no remembered decision) and no challenger compiles while timed
 FRESH: dict[str, Any] = {"memory": False, "challengers": None}
+
+
+def fresh(backends: list[str], threads: int) -> dict[str, Any]:
+    """FRESH, with ONNX Runtime's own thread pool held to `threads` (its default is every
+    core: at 1 torch thread it ran on 2 here, a comparison no fairer than its figures)."""
+    opts = {k: v for k, v in thread_options(threads).items() if k in backends}
+    return {**FRESH, "options": opts} if opts else FRESH
 
 
 def _text_config() -> Any:
@@ -52,16 +66,10 @@ def _text_config() -> Any:
 
 def dual() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """A CLIP-like dual encoder: ConvNeXt vision tower (32x32), BERT text tower (256 tokens)."""
-    from transformers import (
-        ConvNextConfig,
-        VisionTextDualEncoderConfig,
-        VisionTextDualEncoderModel,
-    )
+    from transformers import VisionTextDualEncoderConfig, VisionTextDualEncoderModel
 
-    vision = ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], image_size=32)
-    vision.hidden_size = vision.hidden_sizes[-1]  # the dual encoder reads the pooled width here
     config = VisionTextDualEncoderConfig.from_vision_text_configs(
-        vision, _text_config(), projection_dim=32
+        _vision_config(), _text_config(), projection_dim=32
     )
     model = VisionTextDualEncoderModel(config=config)
     ids = torch.randint(0, 1000, (1, TEXT_TOKENS))
@@ -75,9 +83,72 @@ def bert() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     return BertModel(_text_config()), (torch.randint(0, 1000, (1, TEXT_TOKENS)),)
 
 
+def _vision_config() -> Any:
+    from transformers import ConvNextConfig
+
+    vision = ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], image_size=32)
+    vision.hidden_size = vision.hidden_sizes[-1]  # the pooled width the other half reads
+    return vision
+
+
+def captioner() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """A vision encoder-decoder: ViT encoder (32x32, 4x4 patches), GPT-2 decoder with
+    cross-attention (64 tokens). Not ConvNeXt: its last hidden state is a (B, C, H, W) map,
+    which VisionEncoderDecoderModel hands the decoder's cross-attention unflattened."""
+    from transformers import (
+        GPT2Config,
+        VisionEncoderDecoderConfig,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+    )
+
+    decoder = GPT2Config(vocab_size=1000, n_embd=64, n_layer=4, n_head=2, n_positions=64,
+                         add_cross_attention=True, is_decoder=True,
+                         bos_token_id=0, eos_token_id=0)  # fmt: skip
+    vit = ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=128, image_size=32, patch_size=4)  # fmt: skip
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(vit, decoder)
+    model = VisionEncoderDecoderModel(config=config)
+    ids = torch.randint(0, 1000, (1, 64))
+    return _Positional(model, ("pixel_values", "decoder_input_ids")), (
+        torch.randn(1, 3, 32, 32),
+        ids,
+    )
+
+
+def gpt2() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """A uniform control: a small GPT-2 (256 tokens)."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(vocab_size=1000, n_embd=64, n_layer=4, n_head=2, n_positions=TEXT_TOKENS)
+    return GPT2Model(config), (torch.randint(0, 1000, (1, TEXT_TOKENS)),)
+
+
+def resnet() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """A uniform control: a small transformers ResNet (64x64)."""
+    from transformers import ResNetConfig, ResNetModel
+
+    config = ResNetConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], embedding_size=16)
+    return ResNetModel(config), (torch.randn(1, 3, 64, 64),)
+
+
+class _Positional(torch.nn.Module):
+    """`model` called with its keyword inputs given by position (the benchmark's args)."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *args: Any) -> Any:
+        return self.model(**dict(zip(self.names, args, strict=True)))
+
+
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "dual": dual,
+    "captioner": captioner,
     "bert": bert,
+    "gpt2": gpt2,
+    "resnet": resnet,
 }
 
 
@@ -127,7 +198,7 @@ def outcome(backend: Any) -> str:
     return "\n  ".join(out)
 
 
-def run(name: str, backends: list[str], rounds: int, calls: int) -> None:
+def run(name: str, backends: list[str], rounds: int, calls: int, threads: int) -> None:
     torch.manual_seed(0)
     model, args = MODELS[name]()
     model.eval()
@@ -135,11 +206,11 @@ def run(name: str, backends: list[str], rounds: int, calls: int) -> None:
     runs: dict[str, Callable[..., Any]] = {"eager": model}
     compile_s: dict[str, float] = {"eager": 0.0}
     for b in backends:  # the peer alone, unverified: it may not pass the chain's check
-        single = chain(b, verify=False, measure=False, **FRESH)
+        single = chain(b, verify=False, measure=False, **fresh([b], threads))
         runs[b], compile_s[b] = compiled(model, args, single)
-    whole = chain(*backends, "eager", mode="fastest", **FRESH)
+    whole = chain(*backends, "eager", mode="fastest", **fresh(backends, threads))
     runs["whole-graph winner"], compile_s["whole-graph winner"] = compiled(model, args, whole)
-    mixed = chain(*backends, "eager", mode="fastest", regions=True, **FRESH)
+    mixed = chain(*backends, "eager", mode="fastest", regions=True, **fresh(backends, threads))
     runs["mixed"], compile_s["mixed"] = compiled(model, args, mixed)
     med = timed(runs, args, rounds, calls)
     best = min(backends, key=lambda b: med[b])
@@ -149,7 +220,53 @@ def run(name: str, backends: list[str], rounds: int, calls: int) -> None:
     for key in runs:
         print(f"  {key:22}{compile_s[key]:11.1f}{med[key]:11.3f}{med[best] / med[key]:15.2f}")
     print(f"  best single backend: {best}; {load()} after", flush=True)
+    print("\n".join(f"  {line}" for line in region_lines(mixed.report.graphs)), flush=True)
+    if name in TOWERS:
+        towers(name, backends, rounds, calls, threads)
     print(mixed.report.render(width=160) if os.environ.get("REGIONS_REPORT") else "", end="")
+
+
+def _dual_towers() -> dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]:
+    """The dual encoder's two towers apart (same seed, same sizes): each tower with its
+    projection, on its own input."""
+    torch.manual_seed(0)
+    model, (ids, pixels) = dual()
+    model.eval()
+
+    class Vision(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return model.visual_projection(model.vision_model(pixel_values=x).pooler_output)
+
+    class Text(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return model.text_projection(model.text_model(input_ids=x).pooler_output)
+
+    return {"vision": (Vision(), (pixels,)), "text": (Text(), (ids,))}
+
+
+TOWERS: dict[str, Callable[[], dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]]] = {
+    "dual": _dual_towers,
+}
+
+
+def towers(name: str, backends: list[str], rounds: int, calls: int, threads: int) -> None:
+    """Each tower apart under each single backend (unverified, interleaved): the ideal mix
+    is the sum of each tower's best, against the best single backend's sum."""
+    best: dict[str, float] = {}
+    sums: dict[str, float] = dict.fromkeys(backends, 0.0)
+    for tower, (module, args) in TOWERS[name]().items():
+        runs = {b: compiled(module, args, chain(b, verify=False, measure=False,
+                                                **fresh([b], threads)))[0]
+                for b in backends}  # fmt: skip
+        med = timed(runs, args, rounds, calls)
+        for b in backends:
+            sums[b] += med[b]
+        best[tower] = min(med.values())
+        print(f"  {tower} tower alone: " + ", ".join(f"{b} {med[b]:.3f} ms" for b in backends))
+    single = min(sums.values())
+    ideal = sum(best.values())
+    print(f"  towers: best single backend {single:.3f} ms, ideal mix {ideal:.3f} ms: "
+          f"{single / ideal:.2f}x; {load()}", flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -162,9 +279,9 @@ def main() -> None:
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
     for name in ns.models:
-        run(name, ns.backends, ns.rounds, ns.calls)
+        run(name, ns.backends, ns.rounds, ns.calls, ns.threads)
     print(f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, no_grad, torch threads "
-          f"{torch.get_num_threads()}")  # fmt: skip
+          f"{torch.get_num_threads()}, ONNX Runtime intra-op threads {ns.threads}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -25,6 +25,26 @@ def bert(layers: int = 4) -> nn.Module:
     return BertModel(config).eval()
 
 
+def dual(layers: int = 4) -> nn.Module:
+    """A CLIP-like dual encoder (transformers' VisionTextDualEncoderModel) from tiny configs:
+    a ConvNeXt vision tower and a BERT text tower of `layers` identical layers."""
+    from transformers import (
+        BertConfig,
+        ConvNextConfig,
+        VisionTextDualEncoderConfig,
+        VisionTextDualEncoderModel,
+    )
+
+    vision = ConvNextConfig(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=16)
+    vision.hidden_size = vision.hidden_sizes[-1]  # the dual encoder reads the pooled width here
+    text = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64,
+    )  # fmt: skip
+    config = VisionTextDualEncoderConfig.from_vision_text_configs(vision, text, projection_dim=16)
+    return VisionTextDualEncoderModel(config=config).eval()
+
+
 def captured(model: nn.Module, *args: Any, dynamic: bool | None = None
              ) -> tuple[fx.GraphModule, list[Any]]:  # fmt: skip
     """The one graph dynamo hands a backend for `model(*args)`, and its example inputs."""

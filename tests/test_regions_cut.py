@@ -10,7 +10,7 @@ from torch import fx
 
 from chain.select.regions.cut import _merged, _runs, cut, module_path
 from tests.models import SmallCNN
-from tests.regions_models import bert, captured
+from tests.regions_models import bert, captured, dual
 
 
 @pytest.mark.parametrize("shape", [(2, 8), (1, 16)])
@@ -24,6 +24,20 @@ def test_repeated_layers_share_one_key(shape: tuple[int, int]) -> None:
     assert len({r.key for r in layers[:3]}) == 1  # identical layers: one trial
     assert len({r.key for r in regions}) < len(regions)
     assert all(r.crossing_in >= 1 for r in regions[1:])  # each takes the stream on
+
+
+@pytest.mark.parametrize("tokens", [16, 32])
+def test_every_layer_of_a_tower_shares_one_key(tokens: int) -> None:
+    """The text tower's pooler and the heads after it form their own region: the last layer
+    keeps its twins' key (merged into it, it was a region of its own to try)."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, tokens))
+    gm, inputs = captured(dual(layers=4), ids, torch.randn(2, 3, 16, 16))
+    regions = cut(gm, inputs).regions
+    layers = [r for r in regions if r.path.startswith("text_model.encoder.layer.")]
+    assert [r.path for r in layers] == [f"text_model.encoder.layer.{i}" for i in range(4)]
+    assert len({r.key for r in layers}) == 1
+    assert all(r.ops >= 8 for r in regions)
 
 
 def test_keys_differ_where_shapes_differ() -> None:
@@ -61,6 +75,8 @@ def test_runs_cut_deeper_only_when_too_big() -> None:
     assert _runs(index, paths, 1, max_nodes=4) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert _merged([[0, 1, 2], [3, 4, 5], [6, 7]], min_nodes=3) == [[0, 1, 2], [3, 4, 5, 6, 7]]
     assert _merged([[0], [1, 2, 3]], min_nodes=3) == [[0, 1, 2, 3]]
+    small_together = [[0, 1, 2], [3, 4, 5], [6], [7], [8, 9], [10]]
+    assert _merged(small_together, min_nodes=3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9, 10]]
 
 
 def test_a_graph_without_module_paths_is_one_region() -> None:

@@ -131,13 +131,24 @@ def _runs(index: list[int], paths: list[tuple[str, ...]], depth: int, max_nodes:
 
 
 def _merged(runs: list[list[int]], min_nodes: int) -> list[list[int]]:
-    """Runs under `min_nodes` join the run before them (the first joins the next)."""
+    """Consecutive runs under `min_nodes` join one another first; a group still under
+    `min_nodes` joins its smaller neighbour (ties: the one before). A tower's pooler and the
+    heads after it so end up in the small top-level region, not in the last layer, which
+    keeps its twins' key (one trial for all of them)."""
     out: list[list[int]] = []
     for run in runs:
-        if out and (len(run) < min_nodes or len(out[-1]) < min_nodes):
+        if out and len(run) < min_nodes and len(out[-1]) < min_nodes:
             out[-1] = out[-1] + run
         else:
             out.append(list(run))
+    while len(out) > 1:
+        small = next((i for i, run in enumerate(out) if len(run) < min_nodes), None)
+        if small is None:
+            break
+        sides = [j for j in (small - 1, small + 1) if 0 <= j < len(out)]
+        other = min(sides, key=lambda j: len(out[j]))
+        first, second = sorted((small, other))
+        out[first : second + 1] = [out[first] + out[second]]
     return out
 
 
