@@ -1,40 +1,56 @@
 """Mixed regions in mode `fastest` (chain.select.regions.mix), with speeds that differ by
 design: each tower of the model holds an op that sleeps 3 ms in eager, and the test
-backends are real graph rewrites that drop such an op (an identity in value), so which
-backend is faster on which region holds on a busy machine. Decisions are asserted on
-outcomes and reasons, never on wall time."""
+backends are real graph rewrites that drop such an op (an identity in value). The delays
+pass on a virtual clock that the timing rounds read (tests/clock.py), and the timing's
+evidence says the machine is quiet, so every decision comes out the same on a busy machine.
+Decisions are asserted on outcomes and reasons, never on wall time."""
 
 from __future__ import annotations
 
 import copy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from torch import fx, nn
 
+import chain.judge.rounds as rounds
 from backends.errors import Unsupported
 from chain import chain
 from chain.report.records import Status
 from chain.select.regions.mix import REGIONS
+from tests.clock import ROUNDS, VirtualClock
 
 SLEEP_S = 3e-3
+# the delays' sleep: the virtual clock's while a test runs (the `quiet_clock` fixture)
+_sleep: list[Callable[[float], None]] = [time.sleep]
+
+
+@pytest.fixture(autouse=True)
+def quiet_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[VirtualClock]:
+    """Delays on the virtual clock the timing rounds read; a quiet machine on their evidence."""
+    clock = VirtualClock().install(monkeypatch, ROUNDS)
+    monkeypatch.setattr(rounds, "running_threads", lambda: None)
+    monkeypatch.setattr(rounds, "load_average", lambda: 0.0)
+    _sleep[0] = clock.sleep
+    yield clock
+    _sleep[0] = time.sleep
 
 
 @torch.library.custom_op("regions_test::slow_a", mutates_args=())
 def slow_a(x: torch.Tensor) -> torch.Tensor:
     """The identity, 3 ms late (eager's cost of tower a)."""
-    time.sleep(SLEEP_S)
+    _sleep[0](SLEEP_S)
     return x.clone()
 
 
 @torch.library.custom_op("regions_test::slow_b", mutates_args=())
 def slow_b(x: torch.Tensor) -> torch.Tensor:
     """The identity, 3 ms late (eager's cost of tower b)."""
-    time.sleep(SLEEP_S)
+    _sleep[0](SLEEP_S)
     return x.clone()
 
 
@@ -109,7 +125,7 @@ def rewrite(
 
         def run(*args: Any) -> Any:
             if sleep_s:
-                time.sleep(sleep_s)
+                _sleep[0](sleep_s)
             return new(*args)
 
         return run
