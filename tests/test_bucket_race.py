@@ -342,9 +342,7 @@ def test_a_timing_on_a_quiet_machine_decides_as_before(
     assert (bucket.state, bucket.race) == (LOST, None), bucket
 
 
-def test_a_raced_bucket_served_from_four_threads(
-    bert: nn.Module, backends: dict[str, Any]
-) -> None:
+def test_a_raced_bucket_served_from_four_threads(bert: nn.Module, backends: dict[str, Any]) -> None:
     """Four threads call the raced shape (and a cold one) while its race runs and decides:
     every answer is eager's, none raises, and the race took pairs."""
     c = _chain()
