@@ -24,7 +24,7 @@ from backends.errors import one_line
 from backends.registry import Backend
 from chain.judge.race import RaceEvent
 from chain.judge.speed import SpeedRules
-from chain.judge.timing import compare
+from chain.judge.timing import TIE_BAND, compare
 from chain.report.bucket_stats import (
     CHALLENGING,
     DEMOTED,
@@ -282,7 +282,8 @@ class Buckets:
         """Compile, verify and time the fixed-shape candidates for this call's sizes against
         the general path; the fastest serves the shape if it beats it by 1%. Where that
         timing did not decide (undecided, or noisy), the fastest races the general path at
-        run time (chain.run.buckets.racing), the one faster at the median serving first."""
+        run time (chain.run.buckets.racing): the bucket serves first unless the general path was
+        faster at the median by more than the tie band (3%)."""
         sel, inputs = self.selection, list(args)
         winner, shape = general.winner, self.key.describe(args)
         bucket = Bucket(shape=shape, state=LOST, winner=None, general=winner)
@@ -350,7 +351,9 @@ class Buckets:
         if not raced:
             return bucket, fn, None
         settle = lambda r, e: self._raced(key, r, e)  # noqa: E731
-        lead = versus.speedup > 1.0  # the one faster at the median serves first
+        # the bucket serves first unless the general path was faster at the median by more
+        # than the tie band (a tie is not a loss; the race demotes a slower bucket)
+        lead = versus.speedup >= 1.0 - TIE_BAND
         race = ShapeRace(bucket, fn, lambda: general.fn, lead, reference.tolerances, inputs, settle)
         why = "; ".join(bucket.noisy) or f"{versus.verdict}, {versus.interval()}"
         bucket.reason = (

@@ -3,10 +3,11 @@ machine) is not refused: it races the general path on sampled calls of its shape
 graph race's rules (chain.judge.race: sign test, hysteresis, cost bound) and pairs
 (chain.run.race.Racer: same inputs, alternating order, answers compared).
 
-The one that led at the median of the build's timing serves first; the race promotes the
-other when it is faster with confidence, and ends once the one not serving retires on quiet
-evidence (decided: remembered with the graph's decision) or fails (raised, or the two
-answered differently: the general path serves the shape from then on).
+The bucket serves first unless the general path led the build's timing by more than the tie
+band (3%); the race promotes the other when it is faster with confidence, and ends once the
+one not serving retires on quiet evidence (decided: remembered with the graph's decision) or
+fails (raised, or the two answered differently: the general path serves the shape from then
+on).
 """
 
 from __future__ import annotations
