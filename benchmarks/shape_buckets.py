@@ -127,10 +127,38 @@ def main() -> None:
     print(f"load average at the end: {os.getloadavg()}")
 
 
-def served_by_buckets(used: Any) -> tuple[int, set[str]]:
-    """The calls the chain's buckets served so far, and the shapes that got a bucket."""
+def bucket_calls(used: Any) -> dict[str, tuple[int, float | None]]:
+    """Per shape that got a bucket: the calls its bucket served so far, and the build
+    timing's speedup (the general path's time over the bucket's: under 1, the bucket was
+    measured slower)."""
     buckets = [b for g in used.report.graphs if g.buckets for b in g.buckets.buckets]
-    return sum(b.calls for b in buckets), {b.shape for b in buckets}
+    return {b.shape: (b.calls, b.speedup) for b in buckets}
+
+
+def length_of(shape: str) -> int:
+    """The sequence length in a bucket's shape text, `s41=13, l_inputs_0_ (2, 13)`: 13."""
+    return int(shape.split("(")[-1].split(",")[1].strip(" )"))
+
+
+def hot_calls(
+    before: dict[str, tuple[int, float | None]],
+    after: dict[str, tuple[int, float | None]],
+    lengths: list[int],
+    rounds: int,
+    faster: bool | None = None,
+) -> tuple[int, int]:
+    """(bucketed, hot): of the timed passes' calls (`lengths` per pass, `rounds` passes) at a
+    length whose bucket was built in the warm-up (`before`), how many a bucket served.
+    `faster`: only the lengths whose build timing put the bucket faster (True) or not
+    faster (False) than the general path; None: all of them."""
+    shapes = {
+        s: sp
+        for s, (_, sp) in before.items()
+        if faster is None or (sp is not None and sp >= 1.0) == faster
+    }
+    hot = rounds * sum(n in {length_of(s) for s in shapes} for n in lengths)
+    bucketed = sum(after.get(s, (0, None))[0] - before[s][0] for s in shapes)
+    return bucketed, hot
 
 
 def run(args: argparse.Namespace) -> None:
@@ -149,7 +177,7 @@ def run(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             per_call_ms(fn, requests)  # warm-up pass: compiles (and builds the buckets)
             print(f"warm-up pass, {name}: {time.perf_counter() - start:.1f} s")
-        bucketed = {n: served_by_buckets(u) for n, (_, u) in candidates.items() if u is not None}
+        built = {n: bucket_calls(u) for n, (_, u) in candidates.items() if u is not None}
         samples: dict[str, list[float]] = {name: [] for name in candidates}
         for r in range(args.rounds):
             names = list(candidates)
@@ -166,15 +194,19 @@ def run(args: argparse.Namespace) -> None:
     for name, values in samples.items():
         ms = statistics.median(values)
         print(f"{name:34} {ms:8.3f} ms  {eager / ms:5.2f}x over eager  ({values})")
-    for name, (before, shapes) in bucketed.items():
-        if not shapes:
+    lengths = [int(x.shape[1]) for x in requests]
+    for name, before in built.items():
+        if not before:
             continue
-        after, _ = served_by_buckets(candidates[name][1])
-        lengths = {int(s.split("(")[-1].split(",")[1].strip(" )")) for s in shapes}
-        hot = args.rounds * sum(int(x.shape[1]) in lengths for x in requests)
-        share = (after - before) / hot if hot else 0.0
-        print(f"\n{name}: hot calls bucketed {after - before} of {hot} ({share:.0%}), "
-              f"{len(lengths)} hot length(s)")  # fmt: skip
+        after = bucket_calls(candidates[name][1])
+        done, hot = hot_calls(before, after, lengths, args.rounds)
+        print(f"\n{name}: hot calls bucketed {done} of {hot} ({done / max(hot, 1):.0%}), "
+              f"{len(before)} hot length(s)")  # fmt: skip
+        for faster, what in ((True, "faster"), (False, "slower")):
+            done, hot = hot_calls(before, after, lengths, args.rounds, faster)
+            count = sum((sp is not None and sp >= 1.0) == faster for _, sp in before.values())
+            print(f"  at the {count} length(s) whose build timing put the bucket {what} than "
+                  f"the general path: {done} of {hot} bucketed")  # fmt: skip
     for name, (_, used) in candidates.items():
         for graph in used.report.graphs if used is not None else ():
             if graph.buckets is not None:

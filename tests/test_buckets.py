@@ -509,3 +509,19 @@ def test_the_benchmark_on_cuda_fails_clearly_without_a_gpu() -> None:
         "(torch.cuda.is_available() is False); run without --device on CPU"
     )
     assert done.stdout == ""
+
+
+def test_the_benchmark_counts_hot_calls_only_at_the_lengths_built_in_the_warm_up() -> None:
+    """`shape_buckets.py`'s share of hot calls bucketed (recorded counts, no model): a bucket
+    built during the timed passes serves calls at a length outside the denominator, so it
+    must not count (it did: 'hot calls bucketed' could exceed the hot calls); and the share is
+    split by what the build timing said (a speedup under 1: the bucket measured slower)."""
+    from benchmarks.shape_buckets import hot_calls
+
+    before = {"s0=13, x (2, 13)": (2, 1.2), "s0=16, x (2, 16)": (0, 0.5)}
+    built_later = {"s0=9, x (2, 9)": (40, 2.0)}  # hot in the timed passes only
+    after = {"s0=13, x (2, 13)": (8, 1.2), "s0=16, x (2, 16)": (0, 0.5), **built_later}
+    lengths = [13, 13, 13, 16, 16, 9, 9, 9, 9, 30]  # one pass
+    assert hot_calls(before, after, lengths, rounds=2) == (6, 10)
+    assert hot_calls(before, after, lengths, rounds=2, faster=True) == (6, 6)
+    assert hot_calls(before, after, lengths, rounds=2, faster=False) == (0, 4)
