@@ -1,6 +1,6 @@
 """Mixed-length traffic through the chain with and without per-shape buckets (chain.run.buckets).
 
-    python benchmarks/shape_buckets.py [--calls 400] [--rounds 3] [--threads 1]
+    python benchmarks/shape_buckets.py [--calls 400] [--rounds 3] [--threads 1] [--hogs 2]
 
 A tiny BertModel (chain.bench.zoo) gets batch-2 requests whose lengths follow a log-normal
 distribution (median ~16 tokens, clipped to 4..60; fixed seed), so a few lengths are hot
@@ -9,7 +9,11 @@ and many are cold, as in real text traffic. Two chains of `inductor, eager`: one
 one with buckets (static inductor, compiled per hot length, serves the lengths where it
 wins). A warm-up pass compiles everything; then `--rounds` timed passes of the same
 traffic, the two chains alternating; per-call latency: median of each pass, then the
-median over passes. Eager (uncompiled) is timed alongside.
+median over passes. Eager (uncompiled) is timed alongside. Then the hot calls bucketed: of
+the timed passes' calls at a length that got a bucket built in the warm-up (whatever it
+decided), how many a bucket served. `--hogs N` runs N CPU-hog processes (benchmarks/load.py)
+from before the first compile to the end: a busy machine, where a bucket's timing is noisy
+and the run-time race (chain.run.buckets.racing) decides it.
 
     python benchmarks/shape_buckets.py --device cuda [--model base] [--dtype fp16]
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import sys
 import time
@@ -37,6 +42,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.load import Hogs
 from chain import chain
 from chain.bench import zoo
 
@@ -111,9 +117,52 @@ def main() -> None:
     parser.add_argument("--model", choices=("tiny", "base"), default="tiny")
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default=None,
                         help="default: fp16 on cuda, fp32 on cpu")  # fmt: skip
+    parser.add_argument("--hogs", type=int, default=0, help="CPU-hog processes meanwhile")
     args = parser.parse_args()
     if (why := device_error(args.device) or zoo.available()) is not None:
         sys.exit(why)
+    print(f"load average at the start: {os.getloadavg()}; {args.hogs} hog(s)")
+    with Hogs(args.hogs):
+        run(args)
+    print(f"load average at the end: {os.getloadavg()}")
+
+
+def bucket_calls(used: Any) -> dict[str, tuple[int, float | None]]:
+    """Per shape that got a bucket: the calls its bucket served so far, and the build
+    timing's speedup (the general path's time over the bucket's: under 1, the bucket was
+    measured slower)."""
+    buckets = [b for g in used.report.graphs if g.buckets for b in g.buckets.buckets]
+    return {b.shape: (b.calls, b.speedup) for b in buckets}
+
+
+def length_of(shape: str) -> int:
+    """The sequence length in a bucket's shape text, `s41=13, l_inputs_0_ (2, 13)`: 13."""
+    return int(shape.split("(")[-1].split(",")[1].strip(" )"))
+
+
+def hot_calls(
+    before: dict[str, tuple[int, float | None]],
+    after: dict[str, tuple[int, float | None]],
+    lengths: list[int],
+    rounds: int,
+    faster: bool | None = None,
+) -> tuple[int, int]:
+    """(bucketed, hot): of the timed passes' calls (`lengths` per pass, `rounds` passes) at a
+    length whose bucket was built in the warm-up (`before`), how many a bucket served.
+    `faster`: only the lengths whose build timing put the bucket faster (True) or not
+    faster (False) than the general path; None: all of them."""
+    shapes = {
+        s: sp
+        for s, (_, sp) in before.items()
+        if faster is None or (sp is not None and sp >= 1.0) == faster
+    }
+    hot = rounds * sum(n in {length_of(s) for s in shapes} for n in lengths)
+    bucketed = sum(after.get(s, (0, None))[0] - before[s][0] for s in shapes)
+    return bucketed, hot
+
+
+def run(args: argparse.Namespace) -> None:
+    """Warm-up pass, timed passes, figures (see the module's docstring)."""
     torch.set_num_threads(args.threads)
     dtype = args.dtype or ("fp16" if args.device == "cuda" else "fp32")
     model = build_model(args.model).to(args.device)
@@ -128,6 +177,7 @@ def main() -> None:
             start = time.perf_counter()
             per_call_ms(fn, requests)  # warm-up pass: compiles (and builds the buckets)
             print(f"warm-up pass, {name}: {time.perf_counter() - start:.1f} s")
+        built = {n: bucket_calls(u) for n, (_, u) in candidates.items() if u is not None}
         samples: dict[str, list[float]] = {name: [] for name in candidates}
         for r in range(args.rounds):
             names = list(candidates)
@@ -144,6 +194,19 @@ def main() -> None:
     for name, values in samples.items():
         ms = statistics.median(values)
         print(f"{name:34} {ms:8.3f} ms  {eager / ms:5.2f}x over eager  ({values})")
+    lengths = [int(x.shape[1]) for x in requests]
+    for name, before in built.items():
+        if not before:
+            continue
+        after = bucket_calls(candidates[name][1])
+        done, hot = hot_calls(before, after, lengths, args.rounds)
+        print(f"\n{name}: hot calls bucketed {done} of {hot} ({done / max(hot, 1):.0%}), "
+              f"{len(before)} hot length(s)")  # fmt: skip
+        for faster, what in ((True, "faster"), (False, "slower")):
+            done, hot = hot_calls(before, after, lengths, args.rounds, faster)
+            count = sum((sp is not None and sp >= 1.0) == faster for _, sp in before.values())
+            print(f"  at the {count} length(s) whose build timing put the bucket {what} than "
+                  f"the general path: {done} of {hot} bucketed")  # fmt: skip
     for name, (_, used) in candidates.items():
         for graph in used.report.graphs if used is not None else ():
             if graph.buckets is not None:

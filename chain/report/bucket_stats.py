@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from chain.judge.race import RaceStats
 from chain.report.attempts import Attempt, Status, merged_evidence
 
 # an entry's state: serving its shape, lost to the general path, evicted, or demoted
 SERVING, LOST, EVICTED, DEMOTED = "serving", "lost", "evicted", "demoted"
+# compiled and verified, racing the general path that serves its shape (chain.run.buckets.racing)
+CHALLENGING = "challenging"
 GENERAL = "general:"  # the prefix of the general path's attempt in a bucket's attempts
 
 
@@ -17,7 +20,7 @@ class Bucket:
     """One hot shape: who serves it and how much faster than the general path."""
 
     shape: str  # the sizes that key it, as "s0=16, input l_x_ (2, 16)"
-    state: str  # SERVING, LOST, EVICTED or DEMOTED
+    state: str  # SERVING, CHALLENGING, LOST, EVICTED or DEMOTED
     winner: str | None  # the fixed-shape backend that serves it (None: the general path)
     general: str  # the general path's backend it was timed against
     calls: int = 0  # calls it served (live while SERVING)
@@ -30,10 +33,13 @@ class Bucket:
     attempts: list[Attempt] = field(default_factory=list)
     # decided in an earlier process (chain.memory): {decided_at, host, pid}; None: here
     remembered: dict[str, Any] | None = None
+    # its run-time race against the general path when its timing did not decide (live)
+    race: RaceStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "attempts"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("attempts", "race")}
         out["attempts"] = [a.to_dict() for a in self.attempts]
+        out["race"] = self.race.to_dict() if self.race is not None else None
         return out
 
     @classmethod
@@ -47,6 +53,7 @@ class Bucket:
             if k in data:
                 kw[k] = data[k]
         kw["attempts"] = [Attempt.from_dict(a) for a in data.get("attempts", [])]
+        kw["race"] = RaceStats.from_dict(data.get("race"))
         return cls(**kw)
 
     @property
@@ -62,6 +69,8 @@ class Bucket:
             text += f", {self.speedup:.2f}x over the general path"
         if self.remembered is not None:
             text += f", remembered from {self.remembered.get('decided_at', '?')}"
+        if self.race is not None:
+            text += f", {race_text(self.race)}"
         return f"{text}: {self.reason}" if self.reason else text
 
 
@@ -114,3 +123,10 @@ class BucketStats:
     def serving(self) -> list[Bucket]:
         """The buckets now serving their shape."""
         return [b for b in self.buckets if b.state == SERVING]
+
+
+def race_text(race: RaceStats) -> str:
+    """A bucket's race against the general path in a few words: `provisional: inductor
+    serves, 6 pair(s); call 340: general:inductor retired (...)`."""
+    text = f"{race.state}: {race.server} serves, {race.pairs} pair(s)"
+    return text + (f"; {race.events[-1]}" if race.events else "")

@@ -4,7 +4,7 @@ markdown and HTML forms (chain.report.report, chain.report.look.html) all read t
 
 from __future__ import annotations
 
-from chain.report.bucket_stats import Bucket
+from chain.report.bucket_stats import Bucket, race_text
 from chain.report.columns import Column, texts
 from chain.report.records import REFERENCE, Attempt, GraphRecord
 
@@ -60,11 +60,12 @@ BUCKET_COLUMNS: tuple[Column[tuple[GraphRecord, Bucket]], ...] = (
         numeric=True,
     ),
     Column("decided", lambda gb: _decided(gb[1])),
+    Column("race", lambda gb: race_text(gb[1].race) if gb[1].race else None, wrap=True),
     Column("reason", lambda gb: gb[1].reason, wrap=True, stretch=True),
 )
 
 
 def bucket_rows(graphs: list[GraphRecord]) -> list[list[str]]:
     """One row per bucket of `graphs`: graph, shape, state, who serves it, calls, speedup,
-    where it was decided and why it lost."""
+    where it was decided, its run-time race against the general path, and why it lost."""
     return texts(BUCKET_COLUMNS, [(g, b) for g in graphs if g.buckets for b in g.buckets.buckets])

@@ -15,7 +15,7 @@ from backends.errors import BackendExit, one_line
 from chain.run.calls import checked as _checked
 from chain.run.calls import judged as _judged
 from chain.run.precompilable import Precompilable
-from chain.run.race import NOT_RACED, Racer
+from chain.run.race import NOT_RACED, Raced, Racer
 from chain.run.watch import Demoted, InputsWritten, Watch
 from chain.run.watch.fast import NOT_RUN, Slow, fast_path
 from chain.run.watch.updates import Updates
@@ -160,6 +160,8 @@ class GuardedGraph(Precompilable):
             if out is not NOT_RACED:
                 return out
         if self.buckets is not None and (served := self.buckets.pick(args, self)) is not None:
+            if type(served) is Raced:  # a raced shape's sampled call (chain.run.buckets.racing)
+                return served.out
             try:  # a hot shape's bucket, watched as a winner is
                 out, n, reason = self._bucket_call(*served, args)
                 if reason is None:

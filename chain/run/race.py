@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -25,6 +25,17 @@ if TYPE_CHECKING:
     from chain.run.guard import Active
 
 NOT_RACED = object()  # the server failed on the raced call: the guard's usual path answers
+
+
+class Raced(NamedTuple):
+    """A raced call's answer, when the caller must tell it from a callable to call (a shape's
+    bucket race, chain.run.buckets.racing): both ran; the server's, matched by the other."""
+
+    out: Any
+
+
+# a dropped challenger's reason when it answered (as opposed to "raised ...")
+DIFFERED = "answered differently from the server"
 
 
 class Racer:
@@ -51,6 +62,11 @@ class Racer:
     def run(self, active: Active, challenger: str, args: tuple[Any, ...]) -> Any:
         """Call `args` on the server (`active`) and on `challenger`, timed; the server's
         output, or NOT_RACED when either failed (the usual path then answers)."""
+        return self.run_server(active.fn, challenger, args)
+
+    def run_server(self, server: Callable[..., Any], challenger: str, args: tuple[Any, ...]) -> Any:
+        """`run` with the server's callable given (a shape's bucket or the general path:
+        chain.run.buckets.racing)."""
         start = time.perf_counter()
         busy = busy_now() or bool(compiles_running())  # a compile beside it: noisy
         fn = self.fns.get(challenger)
@@ -61,17 +77,17 @@ class Racer:
             inputs[i] = inputs[i].detach().clone()
         try:
             if self.race.server_first():
-                out, server_s = self._timed(active.fn, args)
+                out, server_s = self._timed(server, args)
                 got, challenger_s, failed = self._challenge(fn, inputs)
             else:
                 got, challenger_s, failed = self._challenge(fn, inputs)
-                out, server_s = self._timed(active.fn, args)
+                out, server_s = self._timed(server, args)
         except Exception:  # the server's failure: the usual path calls it again and recovers
             return NOT_RACED
         n = self.race.calls
         if failed is None:
             failed = compare(out, got, self.tolerances, layout=False).reason
-            failed = f"answered differently from the server: {failed}" if failed else None
+            failed = f"{DIFFERED}: {failed}" if failed else None
         if failed is not None:  # the usual path answers: checked, re-verified as it would be
             self.on_event(self.race.drop(n, challenger, f"at run time: {failed}"), None)
             return NOT_RACED

@@ -19,11 +19,14 @@ from typing import Any, Protocol
 from torch import fx
 
 import chain.run.buckets.footprint as footprint
+import chain.run.buckets.verdict as judged
 from backends.errors import one_line
 from backends.registry import Backend
+from chain.judge.race import RaceEvent
 from chain.judge.speed import SpeedRules
-from chain.judge.timing import FASTER, TIE, TIE_BAND, UNDECIDED, Timing, compare
+from chain.judge.timing import TIE_BAND, compare
 from chain.report.bucket_stats import (
+    CHALLENGING,
     DEMOTED,
     EVICTED,
     GENERAL,
@@ -33,8 +36,10 @@ from chain.report.bucket_stats import (
     BucketStats,
 )
 from chain.report.records import Attempt, Status
+from chain.run.buckets.racing import ShapeRace
 from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
+from chain.run.race import Raced
 from chain.run.watch import Watch
 from chain.select.attempt import Reference
 from chain.select.timed import time_candidates
@@ -98,7 +103,8 @@ class Buckets:
         self.stats = stats
         self.selection = selection
         self.after = stats.bucket_after
-        self.served: dict[Key, tuple[Fn, Bucket, Watch | None]] = {}
+        # the shape's bucket, its checks, and its race against the general path (None: decided)
+        self.served: dict[Key, tuple[Fn, Bucket, Watch | None, ShapeRace | None]] = {}
         self.seen: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
         self.building = threading.Lock()
@@ -106,12 +112,16 @@ class Buckets:
         self.remembered = dict(remembered or {})
         self.kept = {k: r.entry for k, r in self.remembered.items()}  # what the store holds
 
-    def pick(self, args: Sequence[Any], general: General) -> tuple[Fn, Watch | None] | None:
-        """The bucket's callable and its run-time checks for this call's shape, or None for
-        the general path."""
+    def pick(
+        self, args: tuple[Any, ...], general: General
+    ) -> tuple[Fn, Watch | None] | Raced | None:
+        """The bucket's callable and its run-time checks for this call's shape, None for the
+        general path, or a raced call's answer (`Raced`: both ran, chain.run.buckets.racing)."""
         key = self.key(args)
         entry = self.served.get(key)
         if entry is not None:
+            if entry[3] is not None:
+                return entry[3].pick(args, general.fn)
             entry[1].calls += 1
             return entry[0], entry[2]
         n = self.seen.get(key, 0) + 1
@@ -134,6 +144,8 @@ class Buckets:
         key = self.key(args)
         entry = self.served.pop(key, None)
         if entry is not None:
+            if entry[3] is not None:
+                entry[3].stop()
             bucket = entry[1]
             bucket.state, bucket.reason = DEMOTED, f"at run time: {one_line(exc)}"
             self.done.add(key)
@@ -153,30 +165,32 @@ class Buckets:
         try:
             if key in self.served or key in self.done:
                 return
-            uses = {k: b.before + b.calls for k, (_, b, _) in self.served.items()}
+            uses = {k: b.before + b.calls for k, (_, b, *_) in self.served.items()}
             victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
             full = len(self.served) >= self.stats.max_buckets
             bound = self.stats.max_bucket_mb
             if bound is not None and self.served:  # a new one as large as the largest
                 full = (
                     full
-                    or self._mb() + max(b.mb or 0.0 for _, b, _ in self.served.values()) > bound
+                    or self._mb() + max(b.mb or 0.0 for _, b, *_ in self.served.values()) > bound
                 )
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
             bucket, fn = self._recalled(key, args, general)
-            fresh = bucket is None
+            fresh, race = bucket is None, None
             if bucket is None:
-                bucket, fn = self._select(args, general)
+                bucket, fn, race = self._select(key, args, general)
             bucket.before = n
             self.stats.buckets.append(bucket)
             if fn is not None and bound is not None and (bucket.mb or 0.0) > bound:
-                bucket.state, bucket.winner = LOST, None
+                bucket.state, bucket.winner, bucket.race, race = LOST, None, None, None
                 bucket.reason = (
                     f"its artefact, {bucket.mb:.1f} MiB, exceeds max_bucket_mb {bound:g}"
                 )
                 fn = None
-            if fresh and (why := self._not_decided(bucket)) is not None:
+            if race is not None:  # remembered once the race decides on quiet evidence
+                log.info("bucket %s: %s", bucket.shape, bucket.reason)
+            elif fresh and (why := self._not_decided(bucket)) is not None:
                 log.info("bucket %s: %s", bucket.shape, why)  # its attempts show the noise
             elif fresh and (stored := entry(bucket, key, self.key)) is not None:
                 self.kept[key] = stored  # decided here: kept with the graph's decision
@@ -186,7 +200,10 @@ class Buckets:
             else:
                 if len(self.served) >= self.stats.max_buckets and victim is not None:
                     self._evict(victim[0], f"least used of {self.stats.max_buckets} (max_buckets)")
-                self.served[key] = (fn, bucket, general.bucket_watch(bucket.winner or ""))
+                watch = general.bucket_watch(bucket.winner or "")
+                if race is not None:
+                    race.watch = watch
+                self.served[key] = (fn, bucket, watch, race)
                 while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
                     others = [k for k in self.served if k != key]
                     least = min(
@@ -208,11 +225,13 @@ class Buckets:
 
     def _mb(self) -> float:
         """The measured memory of the serving buckets (MiB; unmeasured ones count 0)."""
-        return sum(b.mb or 0.0 for _, b, _ in self.served.values())
+        return sum(b.mb or 0.0 for _, b, *_ in self.served.values())
 
     def _evict(self, key: Key, reason: str) -> None:
         """Stop serving `key`'s bucket: its shape is counted afresh and may be built again."""
-        _, old, _ = self.served.pop(key)
+        _, old, _, race = self.served.pop(key)
+        if race is not None:
+            race.stop()
         self.seen.pop(key, None)
         old.state, old.reason = EVICTED, reason
 
@@ -257,32 +276,21 @@ class Buckets:
             return None, None
         return bucket, fn
 
-    @staticmethod
-    def _why_not(
-        best: Attempt | None, base: Timing, timings: dict[str, Timing], speed: SpeedRules
-    ) -> str | None:
-        """Why the fastest fixed-shape candidate does not serve the shape: it does not beat
-        the general path (`_serves`: paired by round, 99% confidence), or it is below the
-        eager floor."""
-        if best is None:
-            return "no fixed-shape candidate passed"
-        if not _serves(compare(base.rounds_s, timings[best.backend].rounds_s)):
-            against = f"{best.backend}: {_against(base, timings[best.backend])}"
-            return f"no fixed-shape candidate beat the general path by 1% ({against})"
-        if (floor := speed.below_floor(best.backend, timings)) is not None:
-            return f"{best.backend}: {floor}"
-        return None
-
-    def _select(self, args: Sequence[Any], general: General) -> tuple[Bucket, Fn | None]:
+    def _select(
+        self, key: Key, args: Sequence[Any], general: General
+    ) -> tuple[Bucket, Fn | None, ShapeRace | None]:
         """Compile, verify and time the fixed-shape candidates for this call's sizes against
-        the general path; the fastest serves the shape if it beats it by 1%."""
+        the general path; the fastest serves the shape if it beats it by 1%. Where that
+        timing did not decide (undecided, or noisy), the fastest races the general path at
+        run time (chain.run.buckets.racing): the bucket serves first unless the general path was
+        faster at the median by more than the tie band (3%)."""
         sel, inputs = self.selection, list(args)
         winner, shape = general.winner, self.key.describe(args)
         bucket = Bucket(shape=shape, state=LOST, winner=None, general=winner)
         reference, _ = sel.reference(self.gm, inputs)
         if reference.outputs is None or not reference.runnable:
             bucket.reason = reference.unverified or "eager's reference could not run"
-            return bucket, None
+            return bucket, None, None
         special = specialize(self.gm)
         attempts: list[Attempt] = []
         fns: dict[str, Fn] = {}
@@ -297,7 +305,7 @@ class Buckets:
         if not fns:
             bucket.attempts = attempts
             bucket.reason = "no fixed-shape candidate passed"
-            return bucket, None
+            return bucket, None, None
         path = f"{GENERAL}{winner}"
         fns[path] = general.fn
         attempts.append(Attempt(path, Status.WON, "the general path (symbolic sizes)"))
@@ -309,13 +317,16 @@ class Buckets:
         if path not in fns:
             bucket.attempts = attempts
             bucket.reason = "the general path failed while timed on this shape"
-            return bucket, None
+            return bucket, None, None
         base = timings[path]
         bucket.general_ms = base.median_ms
         passing = [a for a in attempts if a.backend in fns and a.backend != path]
         best = min(passing, key=lambda a: a.latency_ms or float("inf"), default=None)
-        why_not = self._why_not(best, base, timings, speed)
-        won = best is not None and why_not is None
+        why_not = judged.why_not(best, base, timings, speed)
+        versus = compare(base.rounds_s, timings[best.backend].rounds_s) if best else None
+        bucket.attempts = attempts  # their evidence: was the timing noisy?
+        raced = versus is not None and judged.undecided(versus, bucket.noisy)
+        won = best is not None and (why_not is None or raced)
         keep = {path} | ({best.backend} if won and best is not None else set())
         out = [
             a
@@ -324,35 +335,45 @@ class Buckets:
                 a,
                 status=Status.SLOWER,
                 reason=f"{a.latency_ms:.3f} ms vs the general path's {base.median_ms:.3f} ms"
-                + (f": {_against(base, timings[a.backend])}" if a.backend in timings else ""),
+                + (f": {judged.against(base, timings[a.backend])}" if a.backend in timings else ""),
             )
             for a in attempts
         ]
         bucket.attempts = out
-        if not won or best is None:
+        if not won or best is None or versus is None:
             bucket.reason = why_not or "no fixed-shape candidate passed"
-            return bucket, None
+            return bucket, None, None
         bucket.state, bucket.winner = SERVING, best.backend
         bucket.latency_ms = best.latency_ms
         bucket.mb = sizes.get(best.backend)
         bucket.speedup = base.median_ms / best.latency_ms if best.latency_ms else None
-        return bucket, fns[best.backend]
+        fn = fns[best.backend]
+        if not raced:
+            return bucket, fn, None
+        settle = lambda r, e: self._raced(key, r, e)  # noqa: E731
+        # the bucket serves first unless the general path was faster at the median by more
+        # than the tie band (a tie is not a loss; the race demotes a slower bucket)
+        lead = versus.speedup >= 1.0 - TIE_BAND
+        race = ShapeRace(bucket, fn, lambda: general.fn, lead, reference.tolerances, inputs, settle)
+        why = "; ".join(bucket.noisy) or f"{versus.verdict}, {versus.interval()}"
+        bucket.reason = (
+            f"provisional, its timing did not decide ({why}): raced against the general path "
+            f"at run time, {race.race.stats.server} serving first"
+        )
+        return bucket, fn, race
 
-
-def _against(base: Timing, timing: Timing) -> str:
-    """A candidate against the general path, paired by round: `slower, 0.21x (99% CI ...)`."""
-    against = compare(base.rounds_s, timing.rounds_s)
-    return f"{against.verdict}, {against.interval()}"
-
-
-def _serves(against: Timing) -> bool:
-    """Whether a bucket beats the general path: measurably faster (by 1%, 99%), or, still
-    undecided when its rounds ran out, faster by 1% at the median and, with 99% confidence,
-    at most 3% slower (the harm the chain allows a winner: the interval's low end)."""
-    if against.verdict == FASTER:
-        return True
-    return (
-        against.verdict == UNDECIDED
-        and against.speedup > 1.0 / (1.0 - TIE)
-        and against.speedup_lo >= 1.0 - TIE_BAND
-    )
+    def _raced(self, key: Key, race: ShapeRace, event: RaceEvent) -> None:
+        """An event of `key`'s race (the bucket's state is set): once over, the winner serves
+        the shape alone; a race decided on quiet evidence is kept with the graph's decision."""
+        served = self.served.get(key)
+        if served is not None and served[3] is race and (race.race.over or not race.serving):
+            if race.serving:
+                self.served[key] = (served[0], served[1], served[2], None)
+            elif race.race.over or served[1].state != CHALLENGING:
+                self.served.pop(key, None)
+                self.done.add(key)
+            decided = race.race.stats.state == "decided"
+            if decided and (stored := entry(race.bucket, key, self.key)) is not None:
+                self.kept[key] = stored
+                self._keep()
+        self.selection.saved()
