@@ -104,8 +104,11 @@ def test_the_child_has_its_folder_and_group_and_dies_with_its_parent(tmp_path: P
 
 # Compiles an MLP whose graph inductor wins (store on), waits until its package build's
 # child runs (it hangs: CHAIN_TEST_BUILD_HANG), then says its last line and ends.
+# SIGINT's default restored first: a child of a background job (CI run with `&`) inherits
+# it ignored, and Python then keeps it ignored; a terminal's Ctrl-C meets the default
 _SCRIPT = """
-import json, os, sys, time
+import json, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import torch
 from chain import chain
 from tests.models import MLP
