@@ -19,6 +19,7 @@ from backends.onnxruntime.deploy import _CpuRun
 from chain.bench.export_zoo import build as build_zoo
 from chain.deploy import InputMismatch, LeanModule, LoadedProgram, PayloadMismatch
 from tests.models import build
+from tests.test_deploy_direct import plain_calls  # noqa: F401 (a fixture)
 from tests.test_deploy_program import bert_programs
 from tests.test_deploy_rebuild import behaves_alike
 
@@ -133,17 +134,11 @@ def test_the_direct_call_refuses_outputs_its_program_does_not_declare(
 
 
 def test_inputs_numpy_cannot_read_right_go_to_the_graph(
-    mlp: tuple[torch.nn.Module, torch.Tensor, LoadedProgram], monkeypatch: pytest.MonkeyPatch
+    mlp: tuple[torch.nn.Module, torch.Tensor, LoadedProgram],
+    plain_calls: list[int],  # noqa: F811 (the fixture imported above)
 ) -> None:
     model, x, program = mlp
-    calls: list[int] = []
-    original = _CpuRun.plain
-
-    def counted(self: _CpuRun, args: Any) -> list[torch.Tensor]:
-        calls.append(1)
-        return original(self, args)
-
-    monkeypatch.setattr(_CpuRun, "plain", counted)
+    calls = plain_calls
     module = program.module()
     negative = torch._neg_view(x)  # a lazy negative bit: numpy would read x itself
     assert negative.is_neg()
