@@ -134,6 +134,12 @@ def rewrite(
     return compile_fn
 
 
+def mixing_chain() -> Any:
+    """drop_a then drop_b in mode `fastest` with regions, on a fresh dynamo (graphs anew)."""
+    torch._dynamo.reset()
+    return chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+
+
 def regions_attempt(backend: Any) -> Any:
     """The regions attempt of the first graph (each shape is a graph of its own: dynamic=False)
     and its record, after checking every graph's record has one."""
@@ -151,9 +157,8 @@ def check_calls(fast: Callable[..., Any], model: nn.Module, grad: Any) -> None:
 
 @pytest.mark.parametrize("grad", [torch.no_grad, torch.inference_mode])
 def test_each_region_to_its_fastest_backend(grad: Any) -> None:
-    torch._dynamo.reset()
     model = TwoTowers().eval()
-    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    backend = mixing_chain()
     fast = torch.compile(model, backend=backend, dynamic=False)
     check_calls(fast, model, grad)
     attempt, record = regions_attempt(backend)
@@ -169,9 +174,8 @@ def test_each_region_to_its_fastest_backend(grad: Any) -> None:
 
 
 def test_the_stitched_graph_serves_threads() -> None:
-    torch._dynamo.reset()
     model = TwoTowers().eval()
-    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    backend = mixing_chain()
     fast = torch.compile(model, backend=backend, dynamic=False)
     x = torch.randn(2, 16)
     with torch.no_grad():
@@ -239,9 +243,8 @@ def test_a_stitched_graph_slower_than_the_whole_graph_winner_is_not_kept() -> No
 
 
 def test_dynamic_graphs_are_declined_with_the_reason() -> None:
-    torch._dynamo.reset()
     model = TwoTowers().eval()
-    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    backend = mixing_chain()
     fast = torch.compile(model, backend=backend, dynamic=True)
     check_calls(fast, model, torch.no_grad)
     attempt, record = regions_attempt(backend)
@@ -261,9 +264,8 @@ def test_regions_needs_fastest_mode() -> None:
 def test_the_report_shows_each_region_its_winner_and_the_crossings(tmp_path: Any) -> None:
     from chain.report.report import Report
 
-    torch._dynamo.reset()
     model = TwoTowers().eval()
-    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    backend = mixing_chain()
     with torch.no_grad():
         torch.compile(model, backend=backend, dynamic=False)(torch.randn(2, 16))
     path = backend.report.save(tmp_path / "run.json")
@@ -280,8 +282,7 @@ def test_the_html_report_draws_the_regions(tmp_path: Any) -> None:
     from chain.report.look import html
     from chain.report.report import Report
 
-    torch._dynamo.reset()
-    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    backend = mixing_chain()
     with torch.no_grad():
         torch.compile(TwoTowers().eval(), backend=backend, dynamic=False)(torch.randn(2, 16))
     path = backend.report.save(tmp_path / "run.json")
@@ -319,9 +320,8 @@ class ThreeTowers(nn.Module):
 
 
 def test_consecutive_regions_of_one_backend_become_one_part() -> None:
-    torch._dynamo.reset()
     model = ThreeTowers().eval()
-    backend = chain(rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True)
+    backend = mixing_chain()
     fast = torch.compile(model, backend=backend, dynamic=False)
     check_calls(fast, model, torch.no_grad)
     attempt, record = regions_attempt(backend)
