@@ -11,7 +11,8 @@ redis:// URL; default CHAIN_STORE, else the local cache directory).
 from __future__ import annotations
 
 from chain.memory.entry import BadEntry, Decision
-from chain.memory.remember import Memory, MemoryWarning, Recall, hit_note, miss_note, replay
+from chain.memory.remember import Memory, MemoryWarning, Recall
+from chain.memory.replay import hit_note, miss_note, replay
 from chain.memory.stores import (
     CACHE_DIR_ENV,
     MEMORY_ENV,
