@@ -157,14 +157,19 @@ def compile_healed(
 ) -> tuple[Any, dict[str, Any]]:
     """`compile_fn(patches)` under the remembered verdict (`stable`), and the patches used.
     A compile that fails under a verdict this module set drops the verdict (`forget`) and
-    is tried once more without it; a failure then names the verdict's file."""
+    is tried once more without it; a failure then names the verdict's file. Dynamo's
+    restart and skip signals pass through untouched, the verdict kept."""
     chosen = stable(patches, example_inputs)
     if SETTING not in chosen or SETTING in patches:
         return compile_fn(chosen), chosen
+    from torch._dynamo.exc import RestartAnalysis, SkipFrame
+
     try:
         return compile_fn(chosen), chosen
-    except (Unsupported, cancel.Cancelled):
-        raise  # declined or abandoned: nothing the verdict decided
+    except (Unsupported, cancel.Cancelled, RestartAnalysis, SkipFrame):
+        # declined or abandoned, or dynamo's own control flow (a LayerNorm's float eps under
+        # dynamic=True restarts its analysis from inductor's first compile): not the verdict
+        raise
     except Exception as error:
         where = forget(patches)
         log.warning(
