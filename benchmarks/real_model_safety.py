@@ -154,9 +154,7 @@ def served_table(served: list[Served]) -> str:
     ]
     compiled = {s.model for s in served if s.main not in ("eager", "-")}
     every = {s.model for s in served}
-    always = {
-        m for m in every if all(s.main not in ("eager", "-") for s in served if s.model == m)
-    }
+    always = {m for m in every if all(s.main not in ("eager", "-") for s in served if s.model == m)}
     lines.append(
         f"\nA compiled backend serves the main graph of {len(always)}/{len(every)} models in "
         f"every setting ({len(compiled)}/{len(every)} in at least one)."

@@ -191,6 +191,7 @@ def test_after_weights_damaged_no_thread_gets_an_answer_from_them() -> None:
     raised = sum(seen.count("raised") for seen in outcomes)
     assert raised >= 8 * 25 - 3 * 8, (raised, wrong)  # all but the first few calls each
 
+
 def test_a_model_built_under_inference_mode_runs_and_says_why_onnxruntime_declined() -> None:
     """Its weights are inference tensors: no version counter to read (the chain's checks
     read none), and ONNX Runtime, which freezes weights, declines with the reason."""

@@ -216,5 +216,3 @@ def decided(samples: Mapping[str, Sequence[float]], baseline: str, z: float = Z)
         for name, values in samples.items()
         if name != baseline
     )
-
-

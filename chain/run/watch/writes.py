@@ -85,4 +85,3 @@ class Writes:
                 f"and were not restored; input(s) {untouched} are as before the call. "
                 "Re-create those inputs and call again (the chain has moved on)."
             )
-
