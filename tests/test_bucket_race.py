@@ -263,8 +263,13 @@ def _serve_until(
     raise AssertionError(f"not decided in 600 calls: {bucket}")
 
 
-@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
-@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+# grad modes x dynamic pairwise, not the product: each of the two tests below runs both
+# modes and both dynamic settings, and the two together run all four combinations.
+@pytest.mark.parametrize(
+    ("mode", "dynamic"),
+    [("no_grad", None), ("inference_mode", True)],
+    ids=["no_grad-default", "inference_mode-dynamic"],
+)
 def test_a_noisy_bucket_that_is_really_slower_is_dropped_at_run_time(
     bert: nn.Module, backends: dict[str, Any], mode: str, dynamic: bool | None
 ) -> None:
@@ -292,8 +297,11 @@ def test_a_noisy_bucket_that_is_really_slower_is_dropped_at_run_time(
     assert any("decided: general:sleepy_general serves" in " ".join(r) for r in rows), rows
 
 
-@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
-@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize(
+    ("mode", "dynamic"),
+    [("no_grad", True), ("inference_mode", None)],
+    ids=["no_grad-dynamic", "inference_mode-default"],
+)
 def test_a_noisy_bucket_that_is_really_faster_is_promoted_and_kept(
     bert: nn.Module, backends: dict[str, Any], mode: str, dynamic: bool | None, tmp_path: Any
 ) -> None:

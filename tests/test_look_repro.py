@@ -35,12 +35,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return backend.report.save(tmp_path_factory.mktemp("repro") / "run.json")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chain", *args], capture_output=True, text=True, cwd=ROOT
-    )
-
-
 def test_the_record_keeps_code_sources_and_size_hints(saved: Path) -> None:
     report = Report.load(saved)
     [symbol] = [s for s in report.graphs[1].inputs if s.get("type") == "SymInt"]
@@ -63,10 +57,12 @@ REPROS = [
 def written(
     saved: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[tuple[int, str], tuple[Path, subprocess.CompletedProcess[str]]]:
-    """`chain repro` for each case of REPROS, all in one fresh process (tests/helpers.py
-    cli_runs: one torch import, not four): each case's folder and the command's run. Each
-    repro then runs in a fresh process of its own."""
-    folders = {(g, b): tmp_path_factory.mktemp("repro") / "repro" for g, b, _ in REPROS}
+    """`chain repro` for each case of REPROS and for a backend the report does not have
+    (0, "nope"), all in one fresh process (tests/helpers.py cli_runs: one torch import, not
+    five): each case's folder and the command's run. Each repro then runs in a fresh
+    process of its own."""
+    cases = [(g, b) for g, b, _ in REPROS] + [(0, "nope")]
+    folders = {case: tmp_path_factory.mktemp("repro") / "repro" for case in cases}
     argv = [["repro", str(saved), str(g), b, "-o", str(f)] for (g, b), f in folders.items()]
     done = cli_runs(*argv)
     return {case: (folders[case], run) for case, run in zip(folders, done, strict=True)}
@@ -111,7 +107,11 @@ def test_repro_fails_when_the_status_does_not_come_back(saved: Path, tmp_path: P
     assert "eager: won" in run.stdout and "not reproduced: recorded mismatch" in run.stdout
 
 
-def test_repro_errors_name_what_is_wrong(saved: Path, tmp_path: Path) -> None:
+def test_repro_errors_name_what_is_wrong(
+    saved: Path,
+    written: dict[tuple[int, str], tuple[Path, subprocess.CompletedProcess[str]]],
+    tmp_path: Path,
+) -> None:
     report = Report.load(saved)
     with pytest.raises(ReproError, match="no graph 9"):
         write(report, 9, "eager", tmp_path)
@@ -119,5 +119,5 @@ def test_repro_errors_name_what_is_wrong(saved: Path, tmp_path: Path) -> None:
         write(report, 0, "inductor", tmp_path)
     with pytest.raises(ReproError, match="symbolic size 's9'"):
         example_input({"type": "SymInt", "value": "s9"}, {}, 0)
-    done = _cli("repro", str(saved), "0", "nope", "-o", str(tmp_path))
+    _, done = written[0, "nope"]  # the command line says so too
     assert done.returncode == 2 and "no attempt of 'nope'" in done.stderr

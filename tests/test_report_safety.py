@@ -8,7 +8,6 @@ import logging
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,19 +152,6 @@ def _cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "CHAIN_REPORT"}
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`python -m chain ARGS` in a process of its own (the FIFO and huge-file checks: what
-    the entry point does before anything is read)."""
-    return subprocess.run(
-        [sys.executable, "-m", "chain", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,  # a hang guard, not a timing: a hang fails the test
-        env=_cli_env(),
-    )
-
-
 def _graph(**changes: Any) -> dict[str, Any]:
     graph = _one_graph_report().to_dict()["graphs"][0]
     graph.update(changes)
@@ -203,8 +189,10 @@ Runs = dict[tuple[str, str], tuple[Path, subprocess.CompletedProcess[str]]]
 @pytest.fixture(scope="module")
 def report_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     """`chain report FILE --format FORM` on each hostile file and on the report full of
-    terminal escapes, all in one fresh process (tests/helpers.py cli_runs: one torch import,
-    not sixteen): each case's file and what the command did."""
+    terminal escapes, and plain `chain report FILE` on a 4 GiB file and on a FIFO nobody
+    writes, all in one fresh process (tests/helpers.py cli_runs: one torch import, not
+    eighteen; a read that blocks fails every run there, by its hang guard): each case's
+    file and what the command did."""
     folder = tmp_path_factory.mktemp("reports")
     texts = {case: HOSTILE[case[0]] for case in HOSTILE_CASES}
     texts |= {("escapes", form): _escapes_text() for form in ESCAPE_FORMS}
@@ -213,10 +201,15 @@ def report_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         paths[case] = folder / str(i) / "report.json"
         paths[case].parent.mkdir()
         paths[case].write_text(text)
-    done = cli_runs(
-        *(["report", str(paths[case]), "--format", case[1]] for case in texts), env=_cli_env()
-    )
-    return {case: (paths[case], run) for case, run in zip(texts, done, strict=True)}
+    argv = [["report", str(paths[case]), "--format", case[1]] for case in texts]
+    paths["huge", ""] = folder / "huge.json"
+    with paths["huge", ""].open("wb") as f:
+        f.truncate(4 << 30)  # 4 GiB, sparse: nothing is written to the disk
+    paths["fifo", ""] = folder / "pipe.json"
+    os.mkfifo(paths["fifo", ""])  # nobody ever writes: reading it would block forever
+    argv += [["report", str(paths["huge", ""])], ["report", str(paths["fifo", ""])]]
+    done = cli_runs(*argv, env=_cli_env())
+    return {case: (paths[case], run) for case, run in zip(paths, done, strict=True)}
 
 
 @pytest.mark.parametrize(("name", "form"), HOSTILE_CASES)
@@ -233,20 +226,15 @@ def test_a_hostile_file_is_one_line_and_exit_2(
     assert len(lines[0]) < 400, lines[0]
 
 
-def test_a_huge_file_is_refused_without_reading_it(tmp_path: Path) -> None:
-    path = tmp_path / "huge.json"
-    with path.open("wb") as f:
-        f.truncate(4 << 30)  # 4 GiB, sparse: nothing is written to the disk
-    done = _cli("report", str(path))
+def test_a_huge_file_is_refused_without_reading_it(report_runs: Runs) -> None:
+    path, done = report_runs["huge", ""]
     assert done.returncode == 2
     assert done.stderr.startswith(f"chain: error: {path}: ") and "MiB" in done.stderr
     assert len(done.stderr.splitlines()) == 1
 
 
-def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
-    fifo = tmp_path / "pipe.json"
-    os.mkfifo(fifo)
-    done = _cli("report", str(fifo))  # nobody ever writes: reading it would block forever
+def test_a_fifo_is_refused_not_waited_on(report_runs: Runs) -> None:
+    fifo, done = report_runs["fifo", ""]
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"chain: error: {fifo}: not a regular file (a FIFO)"]
 
