@@ -4,7 +4,9 @@ no inductor compile; a package for another machine, a damaged one, or one in a s
 others can write to is a note and inductor's usual compile.
 
 One cold process builds one package (tens of seconds on a small CPU); every test works on
-copies of its store.
+copies of its store. The warm processes the tests read are one: a second process that runs
+each prepared copy in turn (dynamo reset between them, the copies that load the package
+first, so that none of them has imported inductor), instead of one process per copy.
 """
 
 from __future__ import annotations
@@ -59,6 +61,45 @@ print(json.dumps({
 }))
 """
 
+# The child above for each case of argv[1] in turn, in one process: a case is [cache, mode,
+# batches, env], `env` set (None: unset) before the chain is built, dynamo reset between
+# cases. Prints the summaries as one JSON list.
+_CASES = """
+import json, os, sys
+import torch
+from chain import chain
+from chain.select import deferred
+from tests.models import MLP
+
+summaries = []
+for cache, mode_name, batches, env in json.loads(sys.argv[1]):
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MLP().eval()
+    backend = chain("inductor", "eager", mode="first", eager_floor=False, memory=True)
+    fast = torch.compile(model, backend=backend, dynamic=True)
+    mode = torch.inference_mode() if mode_name == "inference" else torch.no_grad()
+    errors = []
+    with mode:
+        for batch in batches:
+            x = torch.randn(batch, 32)
+            errors.append((fast(x) - model(x)).abs().max().item())
+    loads = "torch._inductor.compile_fx" in sys.modules
+    finished = deferred.wait(600)
+    [graph] = backend.report.graphs
+    [winner] = [a for a in graph.attempts if a.backend == graph.winner]
+    summaries.append({
+        "winner": graph.winner, "notes": list(graph.notes), "details": winner.details,
+        "errors": errors, "inductor_imported": loads, "finished": finished,
+    })
+print(json.dumps(summaries))
+"""
+
 
 def _run(cache: Path, mode: str, batches: list[int], **env: str) -> dict[str, Any]:
     """The child above in a fresh process on the store in `cache`; its summary."""
@@ -105,6 +146,81 @@ def _jit(summary: dict[str, Any], note: str) -> None:
     assert max(summary["errors"]) < 1e-4
 
 
+_ELSEWHERE = [("capability", "SVE256"), ("torch", "2.0.0"), ("compiler", "cc 1.0")]
+_KEY = "a team secret"
+
+
+def _elsewhere(fact: str, value: str) -> Any:
+    """A change for `_rewrite`: the header says the package was built where `fact` is `value`."""
+
+    def change(header: package.Header, body: bytes) -> tuple[package.Header, bytes]:
+        built_for = {**header.built_for, fact: value}
+        return dataclasses.replace(header, built_for=built_for), body
+
+    return change
+
+
+def _signed(cache: Path, artefact: Path) -> None:
+    """Re-sign the copy's entry and artefact under _KEY, as a team's shared store holds them."""
+    from chain.memory.entry import decode as decode_entry
+    from chain.memory.entry import encode as encode_entry
+
+    [entry] = (cache / "decisions").glob("*.json")
+    key = entry.stem
+    decision, parts = decode_entry(entry.read_bytes(), key)
+    stored, weights = decode_artefact(artefact.read_bytes(), key, "inductor")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CHAIN_MEMORY_KEY", _KEY)
+        entry.write_bytes(encode_entry(key, parts, decision))
+        artefact.write_bytes(encode_artefact(key, "inductor", stored, weights))
+
+
+@pytest.fixture(scope="module")
+def warm(
+    cold: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """Each prepared copy of the cold cache, run by one second process: name -> summary.
+    The copies that load the package come first (the process has not imported inductor)."""
+    root = tmp_path_factory.mktemp("warm")
+    cases: list[tuple[str, Path, list[int], dict[str, str | None]]] = []
+    package_on: dict[str, str | None] = {"CHAIN_INDUCTOR_PACKAGE": "1"}
+    package_off: dict[str, str | None] = {"CHAIN_INDUCTOR_PACKAGE": "0"}
+
+    cache, _ = _copy(cold, root / "second")
+    cases.append(("second", cache, [5, 9, 4], package_on))
+
+    cache, artefact = _copy(cold, root / "signed")
+    _signed(cache, artefact)
+    (cache / "decisions").chmod(0o770)
+    cases.append(("signed", cache, [5], {**package_on, "CHAIN_MEMORY_KEY": _KEY}))
+
+    for fact, value in _ELSEWHERE:
+        cache, artefact = _copy(cold, root / fact)
+        _rewrite(artefact, _elsewhere(fact, value))
+        cases.append((f"elsewhere {fact}", cache, [5], package_off))
+
+    cache, artefact = _copy(cold, root / "digest")
+    data = bytearray(artefact.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    artefact.write_bytes(bytes(data))
+    cases.append(("digest", cache, [5], package_off))
+
+    cache, artefact = _copy(cold, root / "truncated")
+    _rewrite(artefact, lambda header, body: (header, body[: len(body) // 2]))
+    cases.append(("truncated", cache, [5], package_off))
+
+    cache, _ = _copy(cold, root / "unsigned")
+    (cache / "decisions").chmod(0o770)
+    cases.append(("unsigned", cache, [5], package_off))
+
+    runs = []
+    for _, cache, batches, env in cases:
+        where = {"CHAIN_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+        runs.append([str(cache), "no_grad", batches, {"CHAIN_MEMORY_KEY": None, **where, **env}])
+    summaries = fresh_process(_CASES, json.dumps(runs), env=memory_env(root))
+    return {name: summary for (name, *_), summary in zip(cases, summaries, strict=True)}
+
+
 @pytest.mark.slow
 def test_the_selecting_process_builds_a_verified_package(
     cold: tuple[Path, dict[str, Any]],
@@ -128,10 +244,9 @@ def test_the_selecting_process_builds_a_verified_package(
 
 @pytest.mark.slow
 def test_a_second_process_runs_the_package_without_inductor(
-    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+    warm: dict[str, dict[str, Any]],
 ) -> None:
-    cache, _ = _copy(cold, tmp_path)
-    summary = _run(cache, "no_grad", [5, 9, 4])
+    summary = warm["second"]
     assert summary["winner"] == "inductor"
     assert summary["details"].get("from_package") is True
     assert summary["details"]["artefact"]["bytes"] > 100_000
@@ -142,71 +257,34 @@ def test_a_second_process_runs_the_package_without_inductor(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("fact", "value"), [("capability", "SVE256"), ("torch", "2.0.0"), ("compiler", "cc 1.0")]
-)
+@pytest.mark.parametrize(("fact", "value"), _ELSEWHERE)
 def test_a_package_for_another_machine_misses(
-    cold: tuple[Path, dict[str, Any]], tmp_path: Path, fact: str, value: str
+    warm: dict[str, dict[str, Any]], fact: str, value: str
 ) -> None:
-    cache, artefact = _copy(cold, tmp_path)
-
-    def elsewhere(header: package.Header, body: bytes) -> tuple[package.Header, bytes]:
-        built_for = {**header.built_for, fact: value}
-        return dataclasses.replace(header, built_for=built_for), body
-
-    _rewrite(artefact, elsewhere)
-    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
-    _jit(summary, f"inductor package built for {fact} {value!r}")
+    _jit(warm[f"elsewhere {fact}"], f"inductor package built for {fact} {value!r}")
 
 
 @pytest.mark.slow
-def test_a_damaged_package_is_a_note_and_a_cold_path(
-    cold: tuple[Path, dict[str, Any]], tmp_path: Path
-) -> None:
+def test_a_damaged_package_is_a_note_and_a_cold_path(warm: dict[str, dict[str, Any]]) -> None:
     """Bytes changed in the store fail its digest; a package damaged before it was stored
     (digested as it is) fails torch's loader: both are notes, and inductor compiles."""
-    cache, artefact = _copy(cold, tmp_path)
-    data = bytearray(artefact.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    artefact.write_bytes(bytes(data))
-    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
-    _jit(summary, "artefact bytes do not match their digest")
-
-    cache, artefact = _copy(cold, tmp_path / "second")
-    _rewrite(artefact, lambda header, body: (header, body[: len(body) // 2]))
-    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
-    _jit(summary, "inductor package cannot be loaded")
+    _jit(warm["digest"], "artefact bytes do not match their digest")
+    _jit(warm["truncated"], "inductor package cannot be loaded")
 
 
 @pytest.mark.slow
 def test_an_unsigned_package_in_a_store_others_can_write_is_refused(
-    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+    warm: dict[str, dict[str, Any]],
 ) -> None:
-    cache, _ = _copy(cold, tmp_path)
-    (cache / "decisions").chmod(0o770)
-    summary = _run(cache, "no_grad", [5], CHAIN_INDUCTOR_PACKAGE="0")
+    summary = warm["unsigned"]
     _jit(summary, "it holds native code, and it is not signed")
     assert any("writable by group (mode 0770)" in n for n in summary["notes"])
 
 
 @pytest.mark.slow
-def test_a_signed_package_loads_from_a_shared_store(
-    cold: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_signed_package_loads_from_a_shared_store(warm: dict[str, dict[str, Any]]) -> None:
     """Signed under CHAIN_MEMORY_KEY, a package in a group-writable store loads."""
-    from chain.memory.entry import decode as decode_entry
-    from chain.memory.entry import encode as encode_entry
-
-    cache, artefact = _copy(cold, tmp_path)
-    [entry] = (cache / "decisions").glob("*.json")
-    key = entry.stem
-    decision, parts = decode_entry(entry.read_bytes(), key)
-    stored, weights = decode_artefact(artefact.read_bytes(), key, "inductor")
-    monkeypatch.setenv("CHAIN_MEMORY_KEY", "a team secret")
-    entry.write_bytes(encode_entry(key, parts, decision))
-    artefact.write_bytes(encode_artefact(key, "inductor", stored, weights))
-    (cache / "decisions").chmod(0o770)
-    summary = _run(cache, "no_grad", [5], CHAIN_MEMORY_KEY="a team secret")
+    summary = warm["signed"]
     assert summary["details"].get("from_package") is True, summary["notes"]
     assert not summary["inductor_imported"]
     assert max(summary["errors"]) < 1e-4
