@@ -46,7 +46,7 @@ def test_a_restart_inside_the_compile_keeps_the_verdict(
         pytest.skip("no vector-ISA verdict applies here (not x86-64 Linux, or set by the user)")
     kept = json.loads((tmp_path / isa.FILE).read_text())
     model = Normed().eval()
-    c = chain.chain("inductor", "eager")
+    c = chain.chain("inductor", "eager", eager_floor=False)  # speed is not the point here
     compiled = torch.compile(model, backend=c, dynamic=True)
     with caplog.at_level(logging.WARNING), grad_mode():
         for shape in [(2, 4, 8), (3, 5, 8)]:
@@ -56,5 +56,5 @@ def test_a_restart_inside_the_compile_keeps_the_verdict(
     failures = [r.getMessage() for r in caplog.records if "vector-ISA verdict" in r.getMessage()]
     assert failures == []
     (graph,) = c.report.graphs
-    assert graph.winner == "inductor"
+    assert graph.winner == "inductor", [(a.backend, a.status, a.reason) for a in graph.attempts]
     assert [a.status for a in graph.attempts if a.backend == "inductor"] == [Status.WON]
