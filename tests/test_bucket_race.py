@@ -336,6 +336,34 @@ def test_a_noisy_bucket_that_is_really_faster_is_promoted_and_kept(
     assert "decided: switch_fixed serves" in c.report.render(width=300)
 
 
+@pytest.mark.parametrize(
+    ("mode", "dynamic"),
+    [("no_grad", True), ("inference_mode", None)],
+    ids=["no_grad-dynamic", "inference_mode-default"],
+)
+def test_a_challenging_bucket_is_as_used_as_its_shape(
+    bert: nn.Module, backends: dict[str, Any], mode: str, dynamic: bool | None
+) -> None:
+    """max_buckets=1. The bucket of length 16 was timed slower (noisy: raced), so the general
+    path serves the shape while the two race, and the bucket itself serves no call. Its
+    shape is still the hot one: length 12, called less often, must not evict it (a
+    challenging bucket evicted by a colder shape is rebuilt later: a compile on the
+    caller's thread each time, and its race never decides)."""
+    backends["fixed_s"] = SLOW_S
+    c = chain.chain(
+        "switch_fixed", "sleepy_general", bucket_after=2, max_buckets=1, eager_floor=False,
+        measure_budget_s=0.05, challengers=(),
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c, dynamic=dynamic)
+    # 8 first: with the default `dynamic`, the second length is the symbolic graph's first
+    for length in [8] + [16] * 12 + [12] * 6:  # under race.FIRST_PAIR calls of 16: no pair
+        _call(bert, compiled, length, mode)
+    bucket = _bucket(c, 16)
+    assert (bucket.state, bucket.calls) == (CHALLENGING, 0), bucket
+    (stats,) = [g.buckets for g in c.report.graphs if g.buckets is not None]
+    assert [b.shape for b in stats.buckets] == [bucket.shape]  # 12 got none: 16 is hotter
+
+
 def test_a_timing_on_a_quiet_machine_decides_as_before(
     bert: nn.Module, backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,6 +106,9 @@ class Buckets:
         # the shape's bucket, its checks, and its race against the general path (None: decided)
         self.served: dict[Key, tuple[Fn, Bucket, Watch | None, ShapeRace | None]] = {}
         self.seen: dict[Key, int] = {}
+        # calls of a built shape since its build, whoever served them: a bucket that is
+        # challenging (the general path serves while they race) is as used as its shape
+        self.hits: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
         self.building = threading.Lock()
         # decided in an earlier process: built on a shape's first sight (chain.memory)
@@ -120,6 +123,7 @@ class Buckets:
         key = self.key(args)
         entry = self.served.get(key)
         if entry is not None:
+            self.hits[key] = self.hits.get(key, 0) + 1
             if entry[3] is not None:
                 return entry[3].pick(args, general.fn)
             entry[1].calls += 1
@@ -165,8 +169,9 @@ class Buckets:
         try:
             if key in self.served or key in self.done:
                 return
-            uses = {k: b.before + b.calls for k, (_, b, *_) in self.served.items()}
-            victim = min(self.served.items(), key=lambda kv: uses[kv[0]], default=None)
+            served = list(self.served.items())  # a snapshot: demote() pops without the lock
+            uses = {k: self._uses(k) for k, _ in served}
+            victim = min(served, key=lambda kv: uses[kv[0]], default=None)
             full = len(self.served) >= self.stats.max_buckets
             bound = self.stats.max_bucket_mb
             if bound is not None and self.served:  # a new one as large as the largest
@@ -206,14 +211,17 @@ class Buckets:
                 self.served[key] = (fn, bucket, watch, race)
                 while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
                     others = [k for k in self.served if k != key]
-                    least = min(
-                        others, key=lambda k: self.served[k][1].before + self.served[k][1].calls
-                    )
+                    least = min(others, key=self._uses)
                     self._evict(least, f"least used; {total:.1f} MiB over max_bucket_mb {bound:g}")
             self.selection.saved()
             return
         finally:
             self.building.release()
+
+    def _uses(self, key: Key) -> int:
+        """How used a built shape is: its calls before the build and since, whoever served."""
+        entry = self.served.get(key)
+        return (entry[1].before if entry is not None else 0) + self.hits.get(key, 0)
 
     def _not_decided(self, bucket: Bucket) -> str | None:
         """Why a bucket decided here is not remembered: under the eager floor, its timing
@@ -229,7 +237,11 @@ class Buckets:
 
     def _evict(self, key: Key, reason: str) -> None:
         """Stop serving `key`'s bucket: its shape is counted afresh and may be built again."""
-        _, old, _, race = self.served.pop(key)
+        self.hits.pop(key, None)
+        entry = self.served.pop(key, None)
+        if entry is None:
+            return  # demoted meanwhile (demote() takes no lock): nothing left to evict
+        _, old, _, race = entry
         if race is not None:
             race.stop()
         self.seen.pop(key, None)
