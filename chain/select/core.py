@@ -199,6 +199,7 @@ class Chain:
             log.info("graph %d: %s", record.id, record.winning_attempt)
             plan = self.serving  # wrap and watch
             guard = plan.guard(self, record, gm, inputs, reference, selected, recall, errors)
+            self.recall.hand_over(record.id, guard)  # a faster package, once built, serves
             self.racing.start(guard, gm, inputs, reference, selected)  # race while serving
             turn.decided(guard.graph_id, self.report)
             return guard

@@ -47,6 +47,7 @@ from chain.judge.rounds import measure
 from chain.judge.speed import QUIET_S, UNDECIDED_MORE, SpeedRules
 from chain.memory import Memory, Recall
 from chain.report.records import Status
+from chain.run.guard import _FALLBACK
 from chain.select.attempt import Reference, try_backend
 from chain.select.isolation import fresh_copy
 from chain.select.records import Records
@@ -67,6 +68,27 @@ def reusing(backend: Backend, winner: str, data: bytes) -> Backend | None:
         return None
     compiler = functools.partial(backend.reuse, artefact=data, cuda_graphs=True)
     return dataclasses.replace(backend, name=winner, compiler=compiler)
+
+
+class Handoff:
+    """Where a built artefact goes in this process: the graph's guard, handed over once it
+    exists. A package timed faster than the JIT compile it replaces (with confidence) serves
+    the graph from then on, here and not only in the next process."""
+
+    def __init__(self) -> None:
+        self.guard: Any = None  # chain.run.guard.GuardedGraph, set by `Remembered.hand_over`
+
+    def serve(self, jit: Callable[..., Any], fn: Callable[..., Any], winner: str) -> bool:
+        """Serve `fn` instead of `jit`, unless the guard is not there yet or serves another
+        callable now (the run-time race, a fallback or a weight update switched it)."""
+        guard = self.guard
+        if guard is None:
+            return False
+        with _FALLBACK:
+            if guard.fn is not jit or guard.damaged is not None:
+                return False
+            guard.switch(fn, guard.backend_index, winner)
+        return True
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,7 @@ class Build:
     reference: Reference
     grad: bool
     inference: bool
+    handoff: Handoff | None = None  # where it serves this process when faster
 
 
 def snapshot(reference: Reference) -> Reference:
@@ -285,6 +308,9 @@ def _run(build: Build) -> str:
             if timing.slower:
                 return _failed(build, f"slower than the {JIT} ({timing.interval()})")
             speed = f", {timing.interval()} as fast as the {JIT} ({timing.verdict})"
+            handoff = build.handoff
+            if timing.faster and handoff is not None and handoff.serve(build.jit, fn, build.winner):
+                speed += f"; it serves this process from now on, in place of the {JIT}"
     memory = build.memory
     stored = memory.store_artefact(build.recall, name, artefact, build.gm, build.inputs)
     if stored is not None:  # too large, weights not hashed: it would fail again

@@ -41,6 +41,15 @@ class Remembered:
         default_factory=dict, init=False
     )  # eager's errors against float64 per graph, kept with a decision the race settles
 
+    _handoffs: dict[int, deferred.Handoff] = dataclasses.field(default_factory=dict, init=False)
+
+    def hand_over(self, graph_id: int, guard: Any) -> None:
+        """Graph `graph_id`'s guard, to the artefact building for it (chain.select.deferred):
+        a package that times faster than the JIT compile serves this process too."""
+        handoff = self._handoffs.pop(graph_id, None)
+        if handoff is not None:
+            handoff.guard = guard
+
     def lookup(self, gm: fx.GraphModule, inputs: list[Any]) -> Recall | None:
         """The store's entry for `gm` on `inputs` (None: the store is off)."""
         return self.memory.recall(gm, inputs) if self.memory is not None else None
@@ -239,6 +248,7 @@ class Remembered:
             why = f"not built ({error.reason})"
             kept = self.memory.remember_no_artefact(recall, backend.name, why)
             return f"memory: {backend.name}'s package {why}" + (f" ({kept})" if kept else "")
+        handoff = self._handoffs[record.id] = deferred.Handoff()
         deferred.submit(
             deferred.Build(
                 memory=self.memory,
@@ -256,6 +266,7 @@ class Remembered:
                 reference=deferred.snapshot(reference),
                 grad=torch.is_grad_enabled(),
                 inference=torch.is_inference_mode_enabled(),
+                handoff=handoff,
             )
         )
         return (

@@ -1,0 +1,95 @@
+"""inductor's package, built in the background once the decision is kept
+(chain.select.deferred), serves the selecting process itself when it times faster than the
+JIT compile it replaces, not only the next process. The timing is synthetic here (the
+machine's load decides nothing): FASTER hands the package to the graph's guard; undecided
+keeps the JIT compile serving (the package is still stored for the next process).
+
+Checked after the handover: answers equal eager's at two batch sizes, from four threads,
+and after the user changes the weights in place (the package takes them as inputs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import chain
+import chain.select.deferred as deferred
+from chain.judge.timing import Timing
+from chain.report.attempts import FASTER, UNDECIDED
+from tests.models import MLP
+
+pytestmark = pytest.mark.slow  # an AOTInductor package is built in a child process
+
+
+def synthetic(verdict: str) -> Callable[..., dict[str, Timing]]:
+    """deferred's timing of package against JIT compile, with a set verdict."""
+    speedup = 2.0 if verdict == FASTER else 1.0
+
+    def measure(fns: Any, inputs: Any, *, baseline: str, **_: Any) -> dict[str, Timing]:
+        return {
+            name: Timing(0.1, 0.0, 9, 1.0 if name == baseline else speedup, 0.9, 2.1, verdict)
+            for name in fns
+        }
+
+    return measure
+
+
+@pytest.mark.parametrize(
+    ("verdict", "grad"),
+    [(FASTER, torch.inference_mode), (UNDECIDED, torch.no_grad)],
+    ids=["faster-inference_mode", "undecided-no_grad"],
+)
+def test_a_faster_package_serves_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verdict: str, grad: Any
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("CHAIN_INDUCTOR_PACKAGE", "1")
+    monkeypatch.setattr(deferred, "measure", synthetic(verdict))
+    torch.manual_seed(0)
+    model = MLP().eval()
+    backend = chain.chain(
+        "inductor", "eager", eager_floor=False, memory=True, store=tmp_path / "store"
+    )
+    fast = torch.compile(model, backend=backend, dynamic=True)
+    with grad():
+        for batch in (4, 7):
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x))
+    assert deferred.wait(600)
+    [record] = backend.report.graphs
+    stored = [n for n in record.notes if "package stored" in n]
+    assert stored, record.notes
+    serves = "it serves this process from now on" in stored[0]
+    assert serves == (verdict == FASTER), stored[0]
+
+    errors: list[BaseException] = []
+
+    def calls() -> None:
+        try:
+            with grad():
+                for batch in (3, 9):
+                    x = torch.randn(batch, 32)
+                    torch.testing.assert_close(fast(x), model(x))
+        except BaseException as exc:  # the thread's failure, raised by the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=calls) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    with torch.no_grad():  # the user's own update, in place: the package reads it
+        for p in model.parameters():
+            p.mul_(0.5)
+    with grad():
+        x = torch.randn(5, 32)
+        torch.testing.assert_close(fast(x), model(x))
+    [record] = backend.report.graphs
+    assert record.winner == "inductor"
