@@ -91,8 +91,9 @@ STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
          ("(torch's input check hook)", "old", "old_forward"))  # fmt: skip
 MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
 TINY = ("distilbert", "vit", "convnext", "gpt2")  # --size tiny: the geomean's models
+# --size tiny, returning ModelOutputs: `--models mo`
 MODEL_OUTPUTS = ("distilbert_mo", "bert_mo", "gpt2_mo", "roberta_mo", "llama_mo", "resnet_mo",
-                 "clip_vision_mo")  # --size tiny, returning ModelOutputs: `--models mo`  # fmt: skip
+                 "clip_vision_mo")  # fmt: skip
 
 
 def tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
