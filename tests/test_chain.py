@@ -154,10 +154,6 @@ def test_modes_on_real_models(mode: str, model_name: str) -> None:
             assert set(statuses.values()) == {Status.WON, Status.SLOWER}
 
 
-def _twin(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-    return gm.forward  # exactly eager: can only beat it by noise
-
-
 @pytest.fixture
 def quiet_clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
     """The timing rounds read a virtual clock on which the twin costs what eager costs, and
@@ -171,11 +167,11 @@ def quiet_clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
 def test_fastest_mode_needs_more_than_noise_to_beat_eager(quiet_clock: VirtualClock) -> None:
     """A candidate no faster than eager (a tie) does not win in fastest mode: eager is kept."""
     model, args = build("mlp")
-    backend = chain(_twin, "eager", mode="fastest")
+    backend = chain(faults.twin, "eager", mode="fastest")  # eager's copy: a tie at best
     compile_and_check(model, args, backend)
     graph = backend.report.graphs[0]
     twin, eager = graph.attempts
-    assert graph.winner == "eager" and eager.status is Status.WON
+    assert twin.backend == "twin" and graph.winner == "eager" and eager.status is Status.WON
     assert (twin.status, twin.verdict) == (Status.SLOWER, TIED), twin.reason
     assert twin.reason.startswith("a tie with eager: "), twin.reason
 
@@ -184,7 +180,7 @@ def test_min_speedup_marks_slower_and_moves_on(quiet_clock: VirtualClock) -> Non
     """A tie passes the eager floor; min_speedup 100 still marks it slower. (On the real clock
     a busy machine left the twin undecided, and the floor's reason came first.)"""
     model, args = build("mlp")
-    backend = chain(_twin, "eager", min_speedup=100.0)
+    backend = chain(faults.twin, "eager", min_speedup=100.0)
     compile_and_check(model, args, backend)
     first, second = backend.report.graphs[0].attempts
     assert first.status is Status.SLOWER, first.reason
