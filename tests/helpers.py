@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def compile_and_check(
@@ -116,3 +117,15 @@ def cli_runs(
         subprocess.CompletedProcess(["chain", *r], code, out, err)
         for r, (code, out, err) in zip(runs, results, strict=True)
     ]
+
+
+class Seen(TorchDispatchMode):
+    """Records the ops dispatched under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))

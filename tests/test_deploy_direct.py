@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 from torch.export import Dim
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import chain
 from backends.onnxruntime.deploy import _CpuRun
 from chain.bench.export_zoo import build as build_zoo
 from chain.deploy import InputMismatch, LeanModule, LoadedProgram
+from tests.helpers import Seen
 from tests.models import build
 from tests.test_deploy_program import bert_programs
 
@@ -105,18 +105,6 @@ def test_direct_call_under_threads(
     assert len(plain_calls) == 40
 
 
-class _Seen(TorchDispatchMode):
-    """Records the ops dispatched under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[Any] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-
 def test_calls_the_direct_path_cannot_make_go_to_the_graph(
     bert: dict[tuple[int, int], LoadedProgram], plain_calls: list[int]
 ) -> None:
@@ -130,7 +118,7 @@ def test_calls_the_direct_path_cannot_make_go_to_the_graph(
         strided_got = module(strided).last_hidden_state
         strided_want = graph(strided.contiguous()).last_hidden_state
         assert plain_calls == [1, 1]
-        with _Seen() as seen:  # a dispatch mode must see the op: the graph
+        with Seen() as seen:  # a dispatch mode must see the op: the graph
             moded = module(ids).last_hidden_state
     assert OP in seen.ops
     assert torch.equal(by_name, want) and torch.equal(moded, want)

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import chain
 from backends.onnxruntime.deploy import _CpuRun
 from chain.bench.export_zoo import build
 from chain.deploy import InputMismatch, LeanModule, LoadedProgram
+from tests.helpers import Seen
 
 pytest.importorskip("transformers")
 OP = torch.ops.backend_chain.run_payload.default
@@ -137,18 +137,6 @@ def test_the_numpy_call_under_threads(
     assert len(runs) == 40
 
 
-class _Seen(TorchDispatchMode):
-    """Records the ops dispatched under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[Any] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
-
-
 class _Functions(TorchFunctionMode):
     """A torch function mode that changes nothing."""
 
@@ -180,7 +168,7 @@ def test_calls_the_numpy_path_cannot_make_go_to_the_graph(
         _same_output(module(needs_grad), want, exact=True)  # the graph detaches it
         negative = torch._neg_view(-x)  # the negative bit: numpy() refuses it
         _same_output(module(negative), graph(negative), exact=True)
-        with _Seen() as seen:
+        with Seen() as seen:
             _same_output(module(x), want, exact=True)
         assert OP in seen.ops  # a dispatch mode sees the op: the graph ran
         with _Functions():
