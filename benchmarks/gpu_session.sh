@@ -17,7 +17,8 @@ uptime
 for step in $STEPS; do
   case $step in
     aoti) timeout 130 python3 benchmarks/aoti_cuda.py --out "$OUT" 2>&1 | tee "$OUT/aoti.log" ;;
-    tests) timeout 230 python3 -m pytest -q -n 4 --dist loadfile -rs \
+    # SIGINT, not SIGTERM: pytest stops and still prints which tests failed and why
+    tests) timeout -s INT -k 20 230 python3 -m pytest -q -n 8 --dist loadfile -rfEsx --tb=short \
              -m "cuda or ort_cuda or tensorrt" ${TESTS:-} 2>&1 | tee "$OUT/cuda-tests.log" ;;
     bench) timeout 200 python3 -m chain bench --suite real --device cuda \
              --models mlp_b1,bert,gpt2_decode --repeats 10 --warmup 3 --backends inductor,cudagraphs \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,18 +62,30 @@ def memory_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def fresh_process(code: str, *argv: str, env: dict[str, str] | None = None) -> Any:
-    """Run `code` in a new Python with `argv`; assert it exited 0; its last line, as JSON."""
-    done = subprocess.run(
+def fresh_process(
+    code: str, *argv: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> Any:
+    """Run `code` in a new Python with `argv`; assert it exited 0; its last line, as JSON.
+    A child still running after `timeout` s gets SIGABRT (faulthandler on: it prints every
+    thread's stack) and the test fails with that stack, not a bare timeout."""
+    env = {**(env if env is not None else {**os.environ, "PYTHONPATH": str(ROOT)})}
+    env["PYTHONFAULTHANDLER"] = "1"
+    with subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *argv],
-        env=env if env is not None else {**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
         cwd=ROOT,
-    )
-    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-3000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            out, err = child.communicate(timeout=30)
+            raise AssertionError(f"hung for {timeout:.0f} s; its stacks:\n{err[-6000:]}") from None
+    assert child.returncode == 0, f"exit status {child.returncode}: {err[-3000:]}"
+    return json.loads(out.strip().splitlines()[-1])
 
 
 _CLI_RUNS = """
