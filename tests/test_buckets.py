@@ -525,3 +525,76 @@ def test_the_benchmark_counts_hot_calls_only_at_the_lengths_built_in_the_warm_up
     assert hot_calls(before, after, lengths, rounds=2) == (6, 10)
     assert hot_calls(before, after, lengths, rounds=2, faster=True) == (6, 6)
     assert hot_calls(before, after, lengths, rounds=2, faster=False) == (0, 4)
+
+
+def test_buckets_timed_against_a_general_path_that_switched_are_decided_again(
+    bert: nn.Module, backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The general path switches (here as inductor's package handover, a promotion or a
+    fallback do): a bucket that beat the callable before is retired at its shape's next
+    call, and the shape decided again once hot, against the callable serving now. The new
+    general path has no delay: static inductor no longer beats it, and the shape stays on
+    it; answers right throughout."""
+    import chain.select.serving as serving
+
+    guards: list[Any] = []
+    built = serving.GuardedGraph
+
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        guards.append(built(*args, **kwargs))
+        return guards[-1]
+
+    monkeypatch.setattr(serving, "GuardedGraph", kept)
+    c = chain.chain(
+        "static_inductor", "sleepy_general", bucket_after=3, eager_floor=False,
+        measure_budget_s=0.1,
+    )  # fmt: skip
+    compiled = torch.compile(bert, backend=c)
+    for length in (8, 16, 16, 16, 16):  # graph 0 static at 8; 16 bucketed at its 3rd call
+        run(bert, compiled, length)
+    assert by_shape(c) == {16: (SERVING, "static_inductor", 1)}
+    (general,) = [g for g in guards if g.buckets is not None]
+    served = backends["served"]["static_inductor"][16]
+
+    general.switch(general.gm.forward, general.active.backend_index, "sleepy_general")
+    run(bert, compiled, 16)  # retired: the general path answers
+    assert backends["served"]["static_inductor"][16] == served
+    (old,) = stats(c).buckets
+    assert old.state == EVICTED and "switched to sleepy_general" in (old.reason or ""), old
+    for _ in range(2):  # hot again: decided at the 3rd call since, against the new callable
+        run(bert, compiled, 16)
+    old, new = stats(c).buckets
+    assert new.state == LOST and new.reason.startswith("no fixed-shape candidate beat"), new
+    assert new.general_ms is not None and old.general_ms is not None
+    assert new.general_ms < old.general_ms / 2  # timed against the callable without delay
+    after = backends["served"]["static_inductor"][16]
+    for _ in range(3):
+        run(bert, compiled, 16)
+    assert backends["served"]["static_inductor"][16] == after  # lost: never runs again
+
+
+@pytest.mark.parametrize("package", [False, True], ids=["jit-now", "package-now"])
+def test_a_remembered_bucket_is_built_only_against_the_general_paths_form_it_was_timed_on(
+    package: bool,
+) -> None:
+    """inductor's package and its JIT compile are about 3x apart on a small BERT: a bucket
+    timed against one is not served where the general path runs the other (decided again);
+    an entry stored before the field existed was timed against the JIT compile."""
+    import types
+
+    from chain.run.buckets import remembered
+
+    shapes: Any = types.SimpleNamespace(decode=tuple)
+    base = {"shape": "s0=16", "state": SERVING, "winner": "inductor", "general": "inductor"}
+    data = [
+        {**base, "key": [16], "general_package": False},
+        {**base, "key": [24], "general_package": True},
+        {**base, "key": [32]},  # stored before `general_package`: the JIT compile's
+    ]
+    kept, notes = remembered.load(data, shapes, "inductor", package)
+    assert sorted(kept) == ([(24,)] if package else [(16,), (32,)])
+    assert len(notes) == (2 if package else 1), notes
+    form = "its package" if package else "its JIT compile"
+    assert all(f"which runs {form} now" in n for n in notes), notes
+    assert remembered.from_package(types.SimpleNamespace(chain_details={"from_package": True}))
+    assert not remembered.from_package(lambda: None)

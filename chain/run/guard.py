@@ -129,6 +129,8 @@ class GuardedGraph(Precompilable):
         watch = self.watch_for(winner) if self.watch_for else None
         self.chain_details["winner"] = winner
         self.active = self._active(fn, backend_index, watch)
+        if self.buckets is not None:  # buckets timed against the callable before: re-decided
+            self.buckets.general_switched(winner)
 
     def _active(self, fn: Callable[..., Any], backend_index: int, watch: Watch | None) -> Active:
         """The winner with its watch, told how to report an update it sees by value."""

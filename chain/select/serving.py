@@ -64,9 +64,10 @@ class ServingPlan:
         assert winner is not None  # the chain raises AllCandidatesFailed first
         watch_for, updates = self.watch_for(record, gm, reference, errors or reference.recorded)
         kept = recall if self.memory is not None else None
-        buckets = self.buckets(record.id, gm, inputs, winner, kept, selected.hit)
-        index = self.selection.index(winner)
         fn = selected.fns[winner]
+        package = bucket_memory.from_package(fn)
+        buckets = self.buckets(record.id, gm, inputs, winner, kept, selected.hit, package)
+        index = self.selection.index(winner)
         return GuardedGraph(fallback, record.id, gm, fn, index, watch_for, buckets, updates)
 
     def buckets(
@@ -77,12 +78,14 @@ class ServingPlan:
         winner: str,
         recall: Recall | None = None,
         hit: bool = False,
+        package: bool = False,
     ) -> Buckets | None:
         """Buckets for a graph with symbolic sizes that the chain can verify and time, and
         that has fixed-shape candidates; None otherwise (the guard then costs nothing more).
         Graphs that write their inputs or draw random numbers get none. With the decision
         store on (`recall`), bucket decisions are kept with the graph's decision, and on a
-        hit (`hit`) the remembered ones are built on first sight of their shape."""
+        hit (`hit`) the remembered ones are built on first sight of their shape: those timed
+        against the general path in the form it runs now (`package`: inductor's package)."""
         key = ShapeKey(gm, inputs)
         verified = self.selection.verify and self.selection.speed.measure
         if self.bucket_after is None or not verified or not key:
@@ -97,7 +100,7 @@ class ServingPlan:
         remembered, notes = {}, []
         if hit and recall is not None and recall.decision is not None:
             remembered, notes = bucket_memory.load(
-                recall.decision.extra.get("buckets"), key, winner
+                recall.decision.extra.get("buckets"), key, winner, package
             )
         if remembered:
             notes.append(f"memory: {len(remembered)} remembered bucket(s), built on first sight")

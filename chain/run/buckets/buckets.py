@@ -37,7 +37,7 @@ from chain.report.bucket_stats import (
 )
 from chain.report.records import Attempt, Status
 from chain.run.buckets.racing import ShapeRace
-from chain.run.buckets.remembered import Remembered, entry
+from chain.run.buckets.remembered import Remembered, entry, from_package
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
 from chain.run.race import Raced
 from chain.run.watch import Watch
@@ -110,6 +110,12 @@ class Buckets:
         # challenging (the general path serves while they race) is as used as its shape
         self.hits: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
+        # the general path's switches (a promotion, a fallback, inductor's package handed
+        # over): a bucket is served only while the general path is the one it was timed against
+        self.generation = 0
+        self.switched_to = ""
+        self.timed_against: dict[Key, int] = {}
+        self.against_package: dict[Key, bool] = {}  # timed against inductor's package
         self.building = threading.Lock()
         # decided in an earlier process: built on a shape's first sight (chain.memory)
         self.remembered = dict(remembered or {})
@@ -122,6 +128,9 @@ class Buckets:
         general path, or a raced call's answer (`Raced`: both ran, chain.run.buckets.racing)."""
         key = self.key(args)
         entry = self.served.get(key)
+        if entry is not None and self.timed_against.get(key) != self.generation:
+            self._retire(key)
+            entry = None
         if entry is not None:
             self.hits[key] = self.hits.get(key, 0) + 1
             if entry[3] is not None:
@@ -141,6 +150,27 @@ class Buckets:
             return None
         self._build(key, n, args, general)
         return None  # the call that built it takes the general path
+
+    def general_switched(self, winner: str) -> None:
+        """The general path now runs another callable (`winner`'s): each serving bucket was
+        timed against the one before, so it is retired at its shape's next call and that shape
+        re-decided against this one once hot again (`GuardedGraph.switch`; no lock: a plain
+        counter, read per call)."""
+        self.switched_to = winner
+        self.generation += 1
+
+    def _retire(self, key: Key) -> None:
+        """Stop serving `key`'s bucket, timed against a general path that no longer serves;
+        the store forgets its decision (a new one is kept once decided again)."""
+        self._evict(
+            key,
+            f"retired: the general path switched to {self.switched_to} after this bucket was "
+            "timed against it (re-decided when hot again)",
+        )
+        self.timed_against.pop(key, None)
+        if self.kept.pop(key, None) is not None:
+            self._keep()
+        self.selection.saved()
 
     def demote(self, args: Sequence[Any], exc: Exception) -> None:
         """The bucket of this call's shape raised or was caught wrong (`Demoted`): the general
@@ -169,6 +199,8 @@ class Buckets:
         try:
             if key in self.served or key in self.done:
                 return
+            generation = self.generation  # what the general path is while this one is timed
+            self.against_package[key] = from_package(general.fn)
             served = list(self.served.items())  # a snapshot: demote() pops without the lock
             uses = {k: self._uses(k) for k, _ in served}
             victim = min(served, key=lambda kv: uses[kv[0]], default=None)
@@ -197,7 +229,7 @@ class Buckets:
                 log.info("bucket %s: %s", bucket.shape, bucket.reason)
             elif fresh and (why := self._not_decided(bucket)) is not None:
                 log.info("bucket %s: %s", bucket.shape, why)  # its attempts show the noise
-            elif fresh and (stored := entry(bucket, key, self.key)) is not None:
+            elif fresh and (stored := self._entry(bucket, key)) is not None:
                 self.kept[key] = stored  # decided here: kept with the graph's decision
                 self._keep()
             if fn is None:
@@ -208,6 +240,7 @@ class Buckets:
                 watch = general.bucket_watch(bucket.winner or "")
                 if race is not None:
                     race.watch = watch
+                self.timed_against[key] = generation
                 self.served[key] = (fn, bucket, watch, race)
                 while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
                     others = [k for k in self.served if k != key]
@@ -217,6 +250,10 @@ class Buckets:
             return
         finally:
             self.building.release()
+
+    def _entry(self, bucket: Bucket, key: Key) -> dict[str, Any] | None:
+        """The stored form of `key`'s bucket decided here (chain.run.buckets.remembered)."""
+        return entry(bucket, key, self.key, self.against_package.get(key, False))
 
     def _uses(self, key: Key) -> int:
         """How used a built shape is: its calls before the build and since, whoever served."""
@@ -385,7 +422,7 @@ class Buckets:
                 self.served.pop(key, None)
                 self.done.add(key)
             decided = race.race.stats.state == "decided"
-            if decided and (stored := entry(race.bucket, key, self.key)) is not None:
+            if decided and (stored := self._entry(race.bucket, key)) is not None:
                 self.kept[key] = stored
                 self._keep()
         self.selection.saved()

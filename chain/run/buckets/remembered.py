@@ -4,7 +4,10 @@ compiles the remembered winner of a shape on its first sight (verified against e
 timed) instead of counting calls to `bucket_after` and timing every candidate again.
 
 Stored form, one object per shape: {"key", "shape", "state", "winner", "general",
-"latency_ms", "general_ms", "speedup", "reason", "decided_at", "host", "pid"}.
+"general_package", "latency_ms", "general_ms", "speedup", "reason", "decided_at", "host",
+"pid"}. `general_package`: the general path it was timed against ran inductor's package,
+not its JIT compile (about 3x apart on a small BERT): a process whose general path runs the
+other form decides the shape again.
 """
 
 from __future__ import annotations
@@ -53,9 +56,16 @@ class Remembered:
         )
 
 
-def entry(bucket: Bucket, key: Key, shapes: ShapeKey) -> dict[str, Any] | None:
-    """The stored form of a bucket decided in this process; None for one that decides
-    nothing for a later process (evicted, demoted, or eager's reference could not run)."""
+def from_package(fn: Any) -> bool:
+    """Whether a general path's callable runs a package (its `chain_details` say so)."""
+    details = getattr(fn, "chain_details", None)
+    return isinstance(details, dict) and details.get("from_package") is True
+
+
+def entry(bucket: Bucket, key: Key, shapes: ShapeKey, package: bool) -> dict[str, Any] | None:
+    """The stored form of a bucket decided in this process against a general path that
+    ran a package (`package`) or not; None for one that decides nothing for a later process
+    (evicted, demoted, or eager's reference could not run)."""
     if bucket.state not in (SERVING, LOST) or not bucket.attempts:
         return None
     return {
@@ -64,6 +74,7 @@ def entry(bucket: Bucket, key: Key, shapes: ShapeKey) -> dict[str, Any] | None:
         "state": bucket.state,
         "winner": bucket.winner,
         "general": bucket.general,
+        "general_package": package,
         **{k: getattr(bucket, k) for k in FIGURES},
         "reason": bucket.reason,
         "decided_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -72,9 +83,12 @@ def entry(bucket: Bucket, key: Key, shapes: ShapeKey) -> dict[str, Any] | None:
     }
 
 
-def load(data: Any, shapes: ShapeKey, general: str) -> tuple[dict[Key, Remembered], list[str]]:
+def load(
+    data: Any, shapes: ShapeKey, general: str, package: bool = False
+) -> tuple[dict[Key, Remembered], list[str]]:
     """The stored buckets that fit this graph and were timed against the general winner it
-    has now, by key; a note for each one refused (unreadable, another general path)."""
+    has now, in the same form (`package`: its package, not its JIT compile), by key; a note
+    for each one refused (unreadable, another general path)."""
     if data is None:
         return {}, []
     if not isinstance(data, list):
@@ -97,6 +111,13 @@ def load(data: Any, shapes: ShapeKey, general: str) -> tuple[dict[Key, Remembere
             notes.append(
                 f"memory: bucket {item.get('shape')} ignored: timed against the general path "
                 f"{item.get('general')}, which is {general} now"
+            )
+            continue
+        if bool(item.get("general_package", False)) != package:
+            forms = ("its JIT compile", "its package")
+            notes.append(
+                f"memory: bucket {item.get('shape')} ignored: timed against {general}'s "
+                f"{forms[not package][4:]}, which runs {forms[package]} now"
             )
             continue
         out[key] = Remembered(key, item)
