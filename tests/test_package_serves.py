@@ -93,3 +93,45 @@ def test_a_faster_package_serves_this_process(
         torch.testing.assert_close(fast(x), model(x))
     [record] = backend.report.graphs
     assert record.winner == "inductor"
+
+
+def test_a_provisional_decision_gets_its_package_once_the_race_confirms_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision made on noisy evidence (a busy machine) builds no package: it is
+    provisional. Once the run-time race confirms it on quiet evidence, its package is built
+    and, timed faster than the JIT compile, serves this process. The timings and the noise
+    are set here (synthetic); the package is real."""
+    import chain.select.recall as recall
+    import chain.select.timed as timed
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("CHAIN_INDUCTOR_PACKAGE", "1")
+    monkeypatch.setattr(timed, "measure", synthetic(FASTER))  # inductor 2x eager
+    monkeypatch.setattr(deferred, "measure", synthetic(FASTER))  # package 2x its JIT
+    monkeypatch.setattr(recall, "not_decided", lambda record: "noisy timing (set by the test)")
+    torch.manual_seed(0)
+    model = MLP().eval()
+    backend = chain.chain("inductor", "eager", memory=True, store=tmp_path / "store")
+    fast = torch.compile(model, backend=backend, dynamic=True)
+    with torch.inference_mode():
+        for batch in (4, 7):
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x))
+    [record] = backend.report.graphs
+    assert record.winner == "inductor", record.attempts
+    assert any("remembered as provisional" in n for n in record.notes), record.notes
+    assert not any("package" in n for n in record.notes), record.notes  # none for now
+
+    note = backend.recall.confirm(record.id)  # as the race does once it decides quietly
+    assert note is not None and "package is being built in the background" in note, note
+    assert deferred.wait(600)
+    [record] = backend.report.graphs
+    stored = [n for n in record.notes if "package stored" in n]
+    assert stored and "it serves this process from now on" in stored[0], record.notes
+    with torch.no_grad():
+        for batch in (3, 9):
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x))
+    assert backend.recall.confirm(record.id) is not None  # a second confirmation builds nothing
+    assert deferred.wait(60)

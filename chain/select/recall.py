@@ -26,6 +26,16 @@ from chain.select.records import Records
 from chain.select.regions.mix import REGIONS
 
 
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """What a provisional decision's artefact is built from once the race confirms it."""
+
+    fns: dict[str, Callable[..., Any]]
+    gm: fx.GraphModule
+    inputs: list[Any]
+    reference: Reference
+
+
 @dataclasses.dataclass
 class Remembered:
     """The decision store's stage of selection (chain.memory): look a graph up, compile a
@@ -42,10 +52,16 @@ class Remembered:
     )  # eager's errors against float64 per graph, kept with a decision the race settles
 
     _handoffs: dict[int, deferred.Handoff] = dataclasses.field(default_factory=dict, init=False)
+    # a provisional decision's parts, for its artefact once the run-time race confirms it
+    # (a process that started busy gets inductor's package too), and its graph's guard
+    _pending: dict[int, Pending] = dataclasses.field(default_factory=dict, init=False)
+    _guards: dict[int, Any] = dataclasses.field(default_factory=dict, init=False)
 
     def hand_over(self, graph_id: int, guard: Any) -> None:
         """Graph `graph_id`'s guard, to the artefact building for it (chain.select.deferred):
         a package that times faster than the JIT compile serves this process too."""
+        if graph_id in self._pending:  # its artefact comes once the race confirms it
+            self._guards[graph_id] = guard
         handoff = self._handoffs.pop(graph_id, None)
         if handoff is not None:
             handoff.guard = guard
@@ -92,6 +108,8 @@ class Remembered:
         record = self.records.note(record.id, note)
         decided = selected.hit or (stored and note is None)  # a decision is kept
         if not isinstance(recall, Reused):  # its selection kept what there was to keep
+            if stored and not decided:  # provisional: the artefact waits for the race
+                self._pending[record.id] = Pending(selected.fns, gm, inputs, reference)
             note = self._keep_artefact(recall, record, selected.fns, gm, inputs, reference, decided)
             self.records.note(record.id, note)
 
@@ -102,12 +120,22 @@ class Remembered:
         if recall is None or self.memory is None:
             return None
         record = self.records.report.graphs[graph_id]
-        note = self.memory.remember(recall, record, self._errors.get(graph_id))
-        return note or f"memory: {record.winner} remembered, settled by the run-time race"
+        failed = self.memory.remember(recall, record, self._errors.get(graph_id))
+        note = failed or f"memory: {record.winner} remembered, settled by the run-time race"
+        pending, guard = self._pending.pop(graph_id, None), self._guards.pop(graph_id, None)
+        if pending is None or failed or record.winner not in pending.fns:
+            return note  # not stored, or a challenger compiled later won: no artefact here
+        built = self._keep_artefact(
+            recall, record, pending.fns, pending.gm, pending.inputs, pending.reference, True
+        )
+        self.hand_over(graph_id, guard)
+        return f"{note}; {built}" if built else note
 
     def forget(self, graph_id: int, why: str) -> str | None:
         """Forget graph `graph_id`'s stored decision (its winner was demoted): a note, or None
         when nothing was stored for it."""
+        self._pending.pop(graph_id, None)
+        self._guards.pop(graph_id, None)
         recall = self._kept.get(graph_id)
         if recall is None or self.memory is None:
             return None
