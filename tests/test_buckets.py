@@ -577,7 +577,7 @@ def test_buckets_timed_against_a_general_path_that_switched_are_decided_again(
 def test_a_remembered_bucket_is_built_only_against_the_general_paths_form_it_was_timed_on(
     package: bool,
 ) -> None:
-    """inductor's package and its JIT compile are about 3x apart on a small BERT: a bucket
+    """inductor's package and its JIT compile are 2-3x apart on a small BERT: a bucket
     timed against one is not served where the general path runs the other (decided again);
     an entry stored before the field existed was timed against the JIT compile."""
     import types

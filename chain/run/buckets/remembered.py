@@ -6,7 +6,7 @@ timed) instead of counting calls to `bucket_after` and timing every candidate ag
 Stored form, one object per shape: {"key", "shape", "state", "winner", "general",
 "general_package", "latency_ms", "general_ms", "speedup", "reason", "decided_at", "host",
 "pid"}. `general_package`: the general path it was timed against ran inductor's package,
-not its JIT compile (about 3x apart on a small BERT): a process whose general path runs the
+not its JIT compile (2-3x apart on a small BERT): a process whose general path runs the
 other form decides the shape again.
 """
 
