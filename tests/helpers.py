@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +144,40 @@ class Seen(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops.append(func)
         return func(*args, **(kwargs or {}))
+
+
+def in_threads(fn: Callable[[], None], count: int = 4) -> None:
+    """Run `fn` on `count` threads at once; the first thread's failure is raised here."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # the thread's failure, raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def count_numpy_runs(monkeypatch: Any, calls: list[int]) -> None:
+    """Append to `calls` at each session run through the ORT runner's numpy entry
+    (`numpy_parts`, chain/deploy/numpy_call.py) of modules built after."""
+    from backends.onnxruntime.deploy import _CpuRun
+
+    original = _CpuRun.numpy_parts
+
+    def parts(self: Any) -> tuple[Any, list[str], tuple[str, ...]]:
+        run, names, feeds = original(self)
+
+        def counted(*args: Any) -> Any:
+            calls.append(1)
+            return run(*args)
+
+        return counted, names, feeds
+
+    monkeypatch.setattr(_CpuRun, "numpy_parts", parts)

@@ -21,7 +21,7 @@ import chain
 from backends.onnxruntime.deploy import _CpuRun
 from chain.bench.export_zoo import build as build_zoo
 from chain.deploy import InputMismatch, LeanModule, LoadedProgram
-from tests.helpers import Seen
+from tests.helpers import Seen, count_numpy_runs
 from tests.models import build
 from tests.test_deploy_program import bert_programs
 
@@ -46,18 +46,8 @@ def plain_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         calls.append(1)
         return original(self, args)
 
-    def parts(self: _CpuRun) -> tuple[Any, list[str], tuple[str, ...]]:
-        run, names, feeds = original_parts(self)
-
-        def counted_run(*run_args: Any) -> Any:
-            calls.append(1)
-            return run(*run_args)
-
-        return counted_run, names, feeds
-
-    original_parts = _CpuRun.numpy_parts  # the same entry, on numpy views (`numpy_call.py`)
     monkeypatch.setattr(_CpuRun, "plain", counted)
-    monkeypatch.setattr(_CpuRun, "numpy_parts", parts)
+    count_numpy_runs(monkeypatch, calls)  # the same entry, on numpy views (`numpy_call.py`)
     yield calls
 
 

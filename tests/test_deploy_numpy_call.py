@@ -19,10 +19,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import chain
-from backends.onnxruntime.deploy import _CpuRun
 from chain.bench.export_zoo import build
 from chain.deploy import InputMismatch, LeanModule, LoadedProgram
-from tests.helpers import Seen
+from tests.helpers import Seen, count_numpy_runs
 
 pytest.importorskip("transformers")
 OP = torch.ops.backend_chain.run_payload.default
@@ -42,18 +41,7 @@ def _input(name: str, shape: tuple[int, ...]) -> torch.Tensor:
 def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Counts session runs through the numpy entry (`numpy_parts`) in modules built after."""
     calls: list[int] = []
-    original = _CpuRun.numpy_parts
-
-    def parts(self: _CpuRun) -> tuple[Any, list[str], tuple[str, ...]]:
-        run, names, feeds = original(self)
-
-        def counted(*args: Any) -> Any:
-            calls.append(1)
-            return run(*args)
-
-        return counted, names, feeds
-
-    monkeypatch.setattr(_CpuRun, "numpy_parts", parts)
+    count_numpy_runs(monkeypatch, calls)
     yield calls
 
 

@@ -10,7 +10,6 @@ and after the user changes the weights in place (the package takes them as input
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import chain
 import chain.select.deferred as deferred
 from chain.judge.timing import Timing
 from chain.report.attempts import FASTER, UNDECIDED
+from tests.helpers import in_threads
 from tests.models import MLP
 
 pytestmark = pytest.mark.slow  # an AOTInductor package is built in a child process
@@ -68,23 +68,13 @@ def test_a_faster_package_serves_this_process(
     serves = "it serves this process from now on" in stored[0]
     assert serves == (verdict == FASTER), stored[0]
 
-    errors: list[BaseException] = []
-
     def calls() -> None:
-        try:
-            with grad():
-                for batch in (3, 9):
-                    x = torch.randn(batch, 32)
-                    torch.testing.assert_close(fast(x), model(x))
-        except BaseException as exc:  # the thread's failure, raised by the test below
-            errors.append(exc)
+        with grad():
+            for batch in (3, 9):
+                x = torch.randn(batch, 32)
+                torch.testing.assert_close(fast(x), model(x))
 
-    threads = [threading.Thread(target=calls) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(calls)
     with torch.no_grad():  # the user's own update, in place: the package reads it
         for p in model.parameters():
             p.mul_(0.5)

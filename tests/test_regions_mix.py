@@ -8,7 +8,6 @@ Decisions are asserted on outcomes and reasons, never on wall time."""
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +22,7 @@ from chain import chain
 from chain.report.records import Status
 from chain.select.regions.mix import REGIONS
 from tests.clock import ROUNDS, VirtualClock
+from tests.helpers import in_threads
 
 SLEEP_S = 3e-3
 # the delays' sleep: the virtual clock's while a test runs (the `quiet_clock` fixture)
@@ -181,22 +181,13 @@ def test_the_stitched_graph_serves_threads() -> None:
     with torch.no_grad():
         want = model(x)
         fast(x)
-    errors: list[BaseException] = []
 
     def call() -> None:
-        try:
-            for _ in range(5):
-                with torch.no_grad():
-                    torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-5)
-        except BaseException as exc:  # the thread's failure, kept for the test to raise
-            errors.append(exc)
+        for _ in range(5):
+            with torch.no_grad():
+                torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-5)
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    in_threads(call)
     assert backend.report.graphs[0].winner == REGIONS
 
 
