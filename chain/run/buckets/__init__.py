@@ -8,7 +8,8 @@ chain.select.core or chain.bench.
 """
 
 from chain.report.bucket_stats import Bucket, BucketStats
-from chain.run.buckets.buckets import Buckets, General, Selection
+from chain.run.buckets.buckets import Buckets
+from chain.run.buckets.given import General, Selection
 from chain.run.buckets.shapes import ShapeKey, specialize
 
 __all__ = ["Bucket", "BucketStats", "Buckets", "General", "Selection", "ShapeKey", "specialize"]

@@ -12,18 +12,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 from torch import fx
 
 import chain.run.buckets.footprint as footprint
 import chain.run.buckets.verdict as judged
 from backends.errors import one_line
-from backends.registry import Backend
 from chain.judge.race import RaceEvent
-from chain.judge.speed import SpeedRules
 from chain.judge.timing import TIE_BAND, compare
 from chain.report.bucket_stats import (
     CHALLENGING,
@@ -36,50 +33,20 @@ from chain.report.bucket_stats import (
     BucketStats,
 )
 from chain.report.records import Attempt, Status
+from chain.run.buckets.given import Fn, General, Selection
 from chain.run.buckets.racing import ShapeRace
-from chain.run.buckets.remembered import Remembered, entry, from_package
+from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
+from chain.run.buckets.timed_against import TimedAgainst
 from chain.run.race import Raced
 from chain.run.watch import Watch
-from chain.select.attempt import Reference
 from chain.select.timed import time_candidates
 
 log = logging.getLogger("chain")
 
-Fn = Callable[..., Any]
 MAX_SEEN = 1024  # shapes counted at once; past it the counts restart (a flood of cold shapes)
 QUIET_S = 120.0  # a bucket's timing waits this long for other compiles to end (seen: 35-50 s)
 BUDGET_S = 0.5  # a bucket's timing budget at least (undecided: up to 5x, as any timing)
-
-
-class General(Protocol):
-    """The guard, as the buckets see it: the general path now in use."""
-
-    @property
-    def fn(self) -> Fn: ...
-
-    @property
-    def winner(self) -> str: ...
-
-    def bucket_watch(self, winner: str) -> Watch | None:
-        """The run-time checks for a bucket won by `winner` (as for a general winner)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The chain's means to build a bucket: eager's reference on concrete inputs, one
-    attempt of a backend, the fixed-shape candidates for a general winner, the speed rules,
-    strictness, and a hook that saves the report."""
-
-    reference: Callable[[fx.GraphModule, list[Any]], tuple[Reference, list[str]]]
-    attempt: Callable[[Backend, fx.GraphModule, list[Any], Reference], tuple[Attempt, Fn | None]]
-    candidates: Callable[[str], list[Backend]]
-    speed: SpeedRules
-    strict: bool
-    saved: Callable[[], None]
-    # stores the graph's bucket decisions with its remembered decision (chain.memory)
-    kept: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 class Buckets:
@@ -110,12 +77,7 @@ class Buckets:
         # challenging (the general path serves while they race) is as used as its shape
         self.hits: dict[Key, int] = {}
         self.done: set[Key] = set()  # shapes not to build again: lost or demoted
-        # the general path's switches (a promotion, a fallback, inductor's package handed
-        # over): a bucket is served only while the general path is the one it was timed against
-        self.generation = 0
-        self.switched_to = ""
-        self.timed_against: dict[Key, int] = {}
-        self.against_package: dict[Key, bool] = {}  # timed against inductor's package
+        self.against = TimedAgainst()  # served only while the general path is unchanged
         self.building = threading.Lock()
         # decided in an earlier process: built on a shape's first sight (chain.memory)
         self.remembered = dict(remembered or {})
@@ -128,7 +90,7 @@ class Buckets:
         general path, or a raced call's answer (`Raced`: both ran, chain.run.buckets.racing)."""
         key = self.key(args)
         entry = self.served.get(key)
-        if entry is not None and self.timed_against.get(key) != self.generation:
+        if entry is not None and self.against.stale(key):
             self._retire(key)
             entry = None
         if entry is not None:
@@ -152,22 +114,19 @@ class Buckets:
         return None  # the call that built it takes the general path
 
     def general_switched(self, winner: str) -> None:
-        """The general path now runs another callable (`winner`'s): each serving bucket was
-        timed against the one before, so it is retired at its shape's next call and that shape
-        re-decided against this one once hot again (`GuardedGraph.switch`; no lock: a plain
-        counter, read per call)."""
-        self.switched_to = winner
-        self.generation += 1
+        """The general path now runs `winner`'s callable: each serving bucket is retired at
+        its shape's next call, and the shape decided again once hot (`GuardedGraph.switch`)."""
+        self.against.switched(winner)
 
     def _retire(self, key: Key) -> None:
         """Stop serving `key`'s bucket, timed against a general path that no longer serves;
         the store forgets its decision (a new one is kept once decided again)."""
         self._evict(
             key,
-            f"retired: the general path switched to {self.switched_to} after this bucket was "
-            "timed against it (re-decided when hot again)",
+            f"retired: the general path switched to {self.against.switched_to} after this "
+            "bucket was timed against it (re-decided when hot again)",
         )
-        self.timed_against.pop(key, None)
+        self.against.forget(key)
         if self.kept.pop(key, None) is not None:
             self._keep()
         self.selection.saved()
@@ -199,8 +158,7 @@ class Buckets:
         try:
             if key in self.served or key in self.done:
                 return
-            generation = self.generation  # what the general path is while this one is timed
-            self.against_package[key] = from_package(general.fn)
+            self.against.timing(key, general.fn)
             served = list(self.served.items())  # a snapshot: demote() pops without the lock
             uses = {k: self._uses(k) for k, _ in served}
             victim = min(served, key=lambda kv: uses[kv[0]], default=None)
@@ -240,7 +198,6 @@ class Buckets:
                 watch = general.bucket_watch(bucket.winner or "")
                 if race is not None:
                     race.watch = watch
-                self.timed_against[key] = generation
                 self.served[key] = (fn, bucket, watch, race)
                 while bound is not None and (total := self._mb()) > bound and len(self.served) > 1:
                     others = [k for k in self.served if k != key]
@@ -253,7 +210,7 @@ class Buckets:
 
     def _entry(self, bucket: Bucket, key: Key) -> dict[str, Any] | None:
         """The stored form of `key`'s bucket decided here (chain.run.buckets.remembered)."""
-        return entry(bucket, key, self.key, self.against_package.get(key, False))
+        return entry(bucket, key, self.key, self.against.package(key))
 
     def _uses(self, key: Key) -> int:
         """How used a built shape is: its calls before the build and since, whoever served."""
