@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests import file_order
+
 # Remembered decisions (chain.memory) stay off in the suite: a test must see a selection,
 # not an earlier test's winner. tests/test_memory.py turns them on where it means to.
 os.environ["CHAIN_MEMORY"] = "0"
@@ -39,6 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+    # files go to the workers heaviest first (tests/file_order.py), not by count of tests
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def _cuda_reason() -> str | None:
@@ -83,6 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     cache[marker] = probe()
                 if cache[marker]:
                     item.add_marker(pytest.mark.skip(reason=cache[marker]))
+    file_order.heaviest_first(items, file_order.weights())
 
 
 @pytest.fixture(autouse=True)

@@ -130,7 +130,6 @@ print("last line", flush=True)
 def _script(cache: Path, **env: str) -> subprocess.Popen[str]:
     environment = {
         **memory_env(cache),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "CHAIN_INDUCTOR_PACKAGE": "1",
         **env,
     }

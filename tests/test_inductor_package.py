@@ -105,7 +105,6 @@ def _run(cache: Path, mode: str, batches: list[int], **env: str) -> dict[str, An
     """The child above in a fresh process on the store in `cache`; its summary."""
     environment = {
         **memory_env(cache),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),  # JIT compiles hit its FX cache
         "CHAIN_INDUCTOR_PACKAGE": "1",
         **env,
     }
@@ -215,7 +214,7 @@ def warm(
 
     runs = []
     for _, cache, batches, env in cases:
-        where = {"CHAIN_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+        where = {"CHAIN_CACHE_DIR": str(cache)}
         runs.append([str(cache), "no_grad", batches, {"CHAIN_MEMORY_KEY": None, **where, **env}])
     summaries = fresh_process(_CASES, json.dumps(runs), env=memory_env(root))
     return {name: summary for (name, *_), summary in zip(cases, summaries, strict=True)}
@@ -344,7 +343,6 @@ def test_a_cuda_graph_is_not_packaged_and_says_why(tmp_path: Path) -> None:
         "torch.randn(batch, 32)", "torch.randn(batch, 32, device='cuda')"
     )
     env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1", "PYTHONFAULTHANDLER": "1"}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     cold = fresh_process(code, str(cache), "inference", "[4, 7]", env=env)
     assert cold["winner"] == "inductor", cold
     assert any(f"package not built ({package.NO_CUDA})" in n for n in cold["notes"]), cold
@@ -392,7 +390,6 @@ def test_a_cuda_graphs_winner_is_compiled_as_usual_in_the_next_process(tmp_path:
         .replace("dynamic=True", "dynamic=False")
     )
     env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1", "PYTHONFAULTHANDLER": "1"}
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
     cold = fresh_process(code, str(cache), "inference", "[8]", env=env)
     assert cold["winner"] == "inductor+graphs", cold
     warm = fresh_process(code, str(cache), "no_grad", "[8]", env=env)
@@ -426,7 +423,7 @@ def test_a_cuda_package_opted_in_is_built_and_loaded(tmp_path: Path, graphs: boo
     answering right; the checks that decide whether CUDA packages can be on by default."""
     cache = tmp_path / "cache"
     env = {**memory_env(cache), "CHAIN_INDUCTOR_PACKAGE": "1", "PYTHONFAULTHANDLER": "1"}
-    env |= {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), package.CUDA_ENV: "1"}
+    env[package.CUDA_ENV] = "1"
     code = _cuda_code(graphs)
     shapes = ("[8]", "[8]") if graphs else ("[4, 7]", "[5, 4]")
     # a loader that hangs fails with its stacks in 3 minutes, not 10

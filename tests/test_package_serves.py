@@ -48,7 +48,6 @@ def synthetic(verdict: str) -> Callable[..., dict[str, Timing]]:
 def test_a_faster_package_serves_this_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verdict: str, grad: Any
 ) -> None:
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("CHAIN_INDUCTOR_PACKAGE", "1")
     monkeypatch.setattr(deferred, "measure", synthetic(verdict))
     torch.manual_seed(0)
@@ -95,7 +94,6 @@ def test_a_provisional_decision_gets_its_package_once_the_race_confirms_it(
     import chain.select.recall as recall
     import chain.select.timed as timed
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setenv("CHAIN_INDUCTOR_PACKAGE", "1")
     monkeypatch.setattr(timed, "measure", synthetic(FASTER))  # inductor 2x eager
     monkeypatch.setattr(deferred, "measure", synthetic(FASTER))  # package 2x its JIT
