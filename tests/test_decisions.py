@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import chain.judge.rounds as rounds
 import chain.judge.speed as speed
 import chain.select.timed as selection_timing
 from chain import GraphRecord, Status, chain
-from chain.judge.compiles import compiles_running, compiling, lineage, quiet
+from chain.judge.compiles import compiles_running, compiling, lineage, quiet, settle
 from chain.judge.rounds import decided, measure
 from chain.judge.timing import (
     FASTER,
@@ -348,6 +349,38 @@ def test_a_compile_does_not_wait_for_the_compile_it_runs_inside() -> None:
         mine = lineage()
         assert compiles_running() == ["outer chain"]
         assert compiles_running(mine) == [] and quiet(0.01, mine) == []
+
+
+def test_a_background_build_settles_after_the_last_compile_unless_hurried() -> None:
+    """chain.select.deferred starts a package build once the process has compiled nothing
+    for a while (the next shape's compile and timing come right after a decision), or at
+    once when someone waits for it; never beside a running compile."""
+    with compiling("onnxruntime"):
+        pass
+    start = time.monotonic()
+    settle(0.3)
+    assert time.monotonic() - start >= 0.29  # a compile just ended: the whole period
+
+    hurry, started, release, settled = (threading.Event() for _ in range(4))
+    hurry.set()
+
+    def compile_elsewhere() -> None:
+        with compiling("inductor"):
+            started.set()
+            release.wait(10)
+
+    compiler = threading.Thread(target=compile_elsewhere)
+    compiler.start()
+    started.wait(10)
+    builder = threading.Thread(target=lambda: (settle(600, until=hurry), settled.set()))
+    builder.start()
+    try:
+        assert not settled.wait(0.3)  # hurried, but a compile runs: it waits
+    finally:
+        release.set()
+        compiler.join()
+    assert settled.wait(10)  # then at once: hurried past the 600 s period
+    builder.join()
 
 
 # -- end to end ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 _running: dict[int, str] = {}  # compile id -> backend name
+_ended = [float("-inf")]  # time.monotonic() when the last compile ended
 _ids = itertools.count(1)
 _changed = threading.Condition()
 _local = threading.local()
@@ -32,6 +33,7 @@ def compiling(name: str, enclosing: tuple[int, ...] = ()) -> Iterator[None]:
         _local.lineage = previous
         with _changed:
             del _running[ident]
+            _ended[0] = time.monotonic()
             _changed.notify_all()
 
 
@@ -56,3 +58,20 @@ def quiet(timeout_s: float, mine: tuple[int, ...] = ()) -> list[str]:
                 return others
             _changed.wait(left)
     return []
+
+
+def settle(
+    seconds: float, mine: tuple[int, ...] = (), until: threading.Event | None = None
+) -> None:
+    """Wait until no compile (but those in `mine`) runs and, unless `until` is set, none
+    has ended for `seconds`: a process that just compiled often compiles again (dynamo's
+    dynamic graph at the second shape, a bucket), and times its candidates then."""
+    with _changed:
+        while True:
+            if any(i not in mine for i in _running):
+                _changed.wait(0.5)
+                continue
+            left = _ended[0] + seconds - time.monotonic()
+            if left <= 0 or (until is not None and until.is_set()):
+                return
+            _changed.wait(min(left, 0.5))  # `until` is looked at twice a second

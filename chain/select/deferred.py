@@ -2,9 +2,12 @@
 package is a second compile (tens of seconds on a small CPU), so the process that selected
 (or a warm one that found no package) builds it in the background, never in a user's call.
 
-One worker thread per process takes the builds in turn. Each starts when no backend
-compile runs in the process (its first idle moment) and is marked as a compile itself, so
-a timing run beside it waits or records it as noise. A build is then treated as a
+One worker thread per process takes the builds in turn. Each starts once no backend
+compile has run in the process for SETTLE_S seconds (a process that just compiled often
+compiles and times again: dynamo's dynamic graph at the second shape, a bucket; a build
+beside that timing made its decision noisy, so provisional, and its own package wasted), or
+at once when someone waits for the builds (`wait()`, the exit). It is marked as a compile
+itself, so a timing run beside it waits or records it as noise. A build is then treated as a
 candidate: loaded through the backend's `reuse`, verified against eager by the chain's
 rule (`try_backend`), timed against the JIT compile it replaces, and stored only if it is
 not measurably slower. Every outcome, failures included, is a note on the graph's record
@@ -42,7 +45,7 @@ from torch import fx
 from backends import cancel
 from backends.errors import Unsupported, one_line
 from backends.registry import Artefact, Backend
-from chain.judge.compiles import compiles_running, compiling, lineage, quiet
+from chain.judge.compiles import compiling, lineage, quiet, settle
 from chain.judge.rounds import measure
 from chain.judge.speed import QUIET_S, UNDECIDED_MORE, SpeedRules
 from chain.memory import Memory, Recall
@@ -136,6 +139,9 @@ _current: list[Build] = []  # the build the worker runs now (for the note at exi
 _exit_hook: list[bool] = []
 EXIT_WAIT_ENV = "CHAIN_EXIT_WAIT_S"
 DEFAULT_EXIT_WAIT_S = 5.0
+SETTLE_S = 5.0  # a build starts once the process has compiled nothing for this long
+_hurry = threading.Event()  # set while someone waits for the builds: no settling
+_waiters = [0]
 
 
 def exit_wait_s() -> float:
@@ -173,6 +179,9 @@ def at_exit() -> None:
     bound = exit_wait_s()
     start = time.monotonic()
     if bound > 0:
+        with _lock:
+            _waiters[0] += 1  # the process is leaving: nothing is left to time
+            _hurry.set()
         try:
             print(
                 f"backend-chain: waiting up to {bound:g} s for a package build to finish "
@@ -213,10 +222,18 @@ def wait(timeout_s: float | None = None) -> bool:
     """Wait for the queued builds to end; False if some still run after `timeout_s`."""
     with _lock:
         worker = _worker
-    if worker is not None:
+        if worker is None:
+            return True
+        _waiters[0] += 1
+        _hurry.set()
+    try:
         worker.join(timeout_s)
-        return not worker.is_alive()
-    return True
+    finally:
+        with _lock:
+            _waiters[0] -= 1
+            if not _waiters[0]:
+                _hurry.clear()
+    return not worker.is_alive()
 
 
 def _work() -> None:
@@ -247,9 +264,9 @@ def _work() -> None:
 
 
 def _idle() -> None:
-    """Wait until no backend compile runs in the process (a selection in flight)."""
-    while compiles_running(lineage()):
-        quiet(60.0, lineage())
+    """Wait until the process has compiled nothing for SETTLE_S (no selection in flight,
+    none just made), or someone waits for the builds."""
+    settle(SETTLE_S, lineage(), _hurry)
 
 
 def _failed(build: Build, why: str) -> str:
