@@ -10,6 +10,7 @@ speed of their own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import threading
@@ -319,11 +320,14 @@ def test_an_implausible_figure_is_retimed_and_flagged(monkeypatch: pytest.Monkey
 # -- compiles in flight -----------------------------------------------------------------
 
 
-def test_timing_waits_for_a_compile_in_another_thread() -> None:
+@contextlib.contextmanager
+def _compile_elsewhere(name: str) -> Iterator[threading.Event]:
+    """A compile of `name` in flight on another thread until the event it yields is set
+    (or the block ends)."""
     started, release = threading.Event(), threading.Event()
 
     def compile_elsewhere() -> None:
-        with compiling("inductor"):
+        with compiling(name):
             started.set()
             release.wait(10)
 
@@ -331,6 +335,14 @@ def test_timing_waits_for_a_compile_in_another_thread() -> None:
     thread.start()
     started.wait(10)
     try:
+        yield release
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_timing_waits_for_a_compile_in_another_thread() -> None:
+    with _compile_elsewhere("inductor") as release:
         assert compiles_running() == ["inductor"]
         assert quiet(0.01) == ["inductor"]  # still running: the caller flags its timing
         timings = measure({"eager": lambda: None}, [], baseline="eager", budget_s=0.01)
@@ -338,9 +350,6 @@ def test_timing_waits_for_a_compile_in_another_thread() -> None:
         assert evidence is not None and "compiling meanwhile: inductor" in evidence.noisy
         threading.Timer(0.05, release.set).start()
         assert quiet(10) == []  # waited for it to end
-    finally:
-        release.set()
-        thread.join()
 
 
 def test_a_compile_does_not_wait_for_the_compile_it_runs_inside() -> None:
@@ -361,24 +370,12 @@ def test_a_background_build_settles_after_the_last_compile_unless_hurried() -> N
     settle(0.3)
     assert time.monotonic() - start >= 0.29  # a compile just ended: the whole period
 
-    hurry, started, release, settled = (threading.Event() for _ in range(4))
+    hurry, settled = threading.Event(), threading.Event()
     hurry.set()
-
-    def compile_elsewhere() -> None:
-        with compiling("inductor"):
-            started.set()
-            release.wait(10)
-
-    compiler = threading.Thread(target=compile_elsewhere)
-    compiler.start()
-    started.wait(10)
-    builder = threading.Thread(target=lambda: (settle(600, until=hurry), settled.set()))
-    builder.start()
-    try:
+    with _compile_elsewhere("inductor"):
+        builder = threading.Thread(target=lambda: (settle(600, until=hurry), settled.set()))
+        builder.start()
         assert not settled.wait(0.3)  # hurried, but a compile runs: it waits
-    finally:
-        release.set()
-        compiler.join()
     assert settled.wait(10)  # then at once: hurried past the 600 s period
     builder.join()
 
