@@ -26,10 +26,14 @@ chain's memory stores it with a remembered decision and offers it back in a new 
 An artefact too expensive to build on the caller's thread (inductor's AOTInductor package:
 a second compile) is offered as `chain_artefact_later`: once the decision is kept, the chain
 calls it on the compiling thread (what must happen there: inductor's export) and runs the
-`() -> Artefact` it returns in the background. A `reuse` hook that takes `cuda_graphs=True`
-also rebuilds the backend's CUDA graphs variant from the same artefact. A backend whose
-artefacts hold native code (loading one runs it) declares `native_artefacts=True`: the
-chain then loads them only from a store the user trusts (docs/trust.md).
+`() -> Artefact` it returns in the background. Such a backend may also declare
+`prepare(gm, example_inputs, **options) -> () -> Artefact`: the same build without its
+compile in this process (what must happen on the calling thread, then the build off it),
+so the chain can try it as a challenger compiled in a child process. A `reuse` hook that
+takes `cuda_graphs=True` also rebuilds the backend's CUDA graphs variant from the same
+artefact. A backend whose artefacts hold native code (loading one runs it) declares
+`native_artefacts=True`: the chain then loads them only from a store the user trusts
+(docs/trust.md).
 
 A backend whose compiled callable can run again in another process from its artefact alone,
 without the graph (torch's precompile: `aot_compile`, `save_compiled_function`), declares
@@ -143,6 +147,7 @@ class Backend:
     reuse: CompilerFn | None = None  # (gm, inputs, artefact=bytes, **options): from an artefact
     native_artefacts: bool = False  # loading its artefacts runs their code (trusted stores only)
     revive: CompilerFn | None = None  # (artefact=bytes, facts=dict, **options): no graph needed
+    prepare: CompilerFn | None = None  # (gm, inputs, **options) -> () -> Artefact, built apart
 
     def reusing(self, data: bytes) -> Backend:
         """This backend compiling from a stored artefact's `data` (its `reuse` hook)."""
@@ -200,6 +205,7 @@ class BackendRegistry:
         reuse: CompilerFn | None = None,
         native_artefacts: bool = False,
         revive: CompilerFn | None = None,
+        prepare: CompilerFn | None = None,
     ) -> Callable[[CompilerFn], Backend]:
         """Decorator: register `fn(gm, example_inputs, **options)` under `name`.
 
@@ -215,6 +221,8 @@ class BackendRegistry:
         `native_artefacts`: its artefacts hold native code, loaded only from trusted stores.
         `revive(artefact=bytes, facts=dict, **options)` runs a `Revival` its compiled
         callable offered, in another process, without the graph (torch's precompile).
+        `prepare(gm, example_inputs, **options) -> () -> Artefact`: its artefact's build
+        prepared without compiling in this process (a challenger built in a child).
         """
         if (exporter is None) != (loader is None):
             raise ValueError(f"backend {name!r}: give both exporter and loader, or neither")
@@ -244,6 +252,7 @@ class BackendRegistry:
                 reuse=reuse,
                 native_artefacts=native_artefacts,
                 revive=revive,
+                prepare=prepare,
             )
             self._backends[name] = backend
             return backend

@@ -187,6 +187,60 @@ def test_first_mode_floors_an_undecided_candidate_and_says_so() -> None:
     assert kept.status is Status.WON and fn is print  # eager_floor=False: the old rule
 
 
+def test_first_mode_serves_an_undecided_candidate_ahead_of_eager_when_a_race_follows() -> None:
+    """Where the run-time race goes on (`raced`), undecided but ahead of eager is a lead:
+    it serves while the race decides. Undecided and behind is floored as before."""
+    eager = [1e-3 * (1 + j) for j in _jitter(16, 0.3, 0)]
+    for other, serves in (([0.85e-3 * (1 + j) for j in _jitter(16, 0.3, 6)], True),
+                          ([1.1e-3 * (1 + j) for j in _jitter(16, 0.3, 6)], False)):  # fmt: skip
+        timings = _timings(eager, other)
+        assert timings["ort"].verdict == UNDECIDED
+        assert speed.leads(timings["ort"]) == serves
+        attempt = speed.timed(Attempt("ort", Status.WON), timings["ort"])
+        floored: dict[str, Any] = {}
+        judged, fn = _rules().judge(attempt, print, False, timings, {}, floored, raced=True)
+        assert (fn is print, judged.status is Status.WON, "ort" not in floored) == (serves,) * 3
+    [explained] = _rules().explained([judged if serves else attempt])
+    assert "undecided against eager but ahead: it serves while the run-time race" in (
+        explained.reason
+    )
+
+
+def test_an_undecided_lead_serves_races_eager_and_is_challenged_by_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End to end, timings set (synthetic): the first candidate is undecided but ahead, so
+    it serves at once (the first call pays for no other candidate), races eager, and the
+    chain's next backend challenges it from the second call; answers stay eager's."""
+    from chain.judge.timing import Timing
+
+    def undecided(fns: Any, inputs: Any, *, baseline: str, **_: Any) -> dict[str, Timing]:
+        return {
+            n: Timing(0.1, 0.05, 24, 1.0 if n == baseline else 1.2, 0.8, 3.0, UNDECIDED)
+            for n in fns
+        }
+
+    monkeypatch.setattr(selection_timing, "measure", undecided)
+
+    def lead(gm: Any, example_inputs: Any) -> Any:
+        return lambda *args: gm.forward(*args)
+
+    def later(gm: Any, example_inputs: Any) -> Any:
+        return lambda *args: gm.forward(*args)
+
+    model, args = build("mlp")
+    backend = chain(lead, later, "eager")
+    compile_and_check(model, args, backend, calls=3)
+    [graph] = backend.report.graphs
+    first, second, _ = graph.attempts
+    assert (first.backend, first.status, first.verdict) == ("lead", Status.WON, UNDECIDED)
+    assert "undecided against eager but ahead" in first.reason, first.reason
+    assert (second.backend, second.status) == ("later", Status.NOT_TRIED), second
+    assert graph.race is not None and graph.race.server == "lead", graph.race
+    assert "eager" in graph.race.challengers and "later" in graph.race.challengers, graph.race
+    assert any("challenger later compiled and verified at call 2" in n for n in graph.notes)
+
+
 def test_a_winner_says_why_it_won_and_a_kept_tie_says_so() -> None:
     eager = [1e-3] * 12
     for other, start in (([0.5e-3] * 12, "faster than eager: "), ([1e-3] * 12, "a tie")):

@@ -123,3 +123,41 @@ def test_a_provisional_decision_gets_its_package_once_the_race_confirms_it(
             torch.testing.assert_close(fast(x), model(x))
     assert backend.recall.confirm(record.id) is not None  # a second confirmation builds nothing
     assert deferred.wait(60)
+
+
+def test_a_graph_its_dynamic_recompile_replaced_is_built_only_once_called_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch 1, then 4: dynamo's second graph (the batch dynamic, 2 or more) serves every
+    later batch but 1, so the first graph's package waits until a batch-1 call comes
+    (parked on its guard), instead of a compile nobody may use."""
+    monkeypatch.setenv("CHAIN_INDUCTOR_PACKAGE", "1")
+    monkeypatch.setattr(deferred, "measure", synthetic(FASTER))
+    torch.manual_seed(0)
+    model = MLP().eval()
+    backend = chain.chain(
+        "inductor", "eager", eager_floor=False, memory=True, store=tmp_path / "store"
+    )
+    fast = torch.compile(model, backend=backend)  # static first, then the batch dynamic
+    with torch.no_grad():
+        for batch in (1, 4, 6):
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x))
+    assert deferred.wait(600)
+    first, second = backend.report.graphs
+    assert second.recompiles == first.id, second
+    assert any("not built yet: graph 1 recompiled" in n for n in first.notes), first.notes
+    assert not any("package stored" in n for n in first.notes), first.notes
+    assert any("package stored" in n for n in second.notes), second.notes
+    with torch.no_grad():
+        x = torch.randn(1, 32)  # the first graph's shape: its call queues the build
+        torch.testing.assert_close(fast(x), model(x))
+    assert deferred.wait(600)
+    first = backend.report.graphs[0]
+    assert any("package stored" in n for n in first.notes), first.notes
+    with torch.no_grad():  # and it serves: batch 1 and the rest, the weights changed
+        for p in model.parameters():
+            p.mul_(0.5)
+        for batch in (1, 5):
+            x = torch.randn(batch, 32)
+            torch.testing.assert_close(fast(x), model(x))

@@ -28,13 +28,16 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.errors import Unsupported
 from backends.inductor import isa
 from backends.inductor.config import check_mode, config_options, config_patches
 from backends.inductor.deploy import export_parts, load_payload
 from backends.inductor.graphed import compile_graphed, reuse_graphed
-from backends.inductor.package import offer_package
+from backends.inductor.package import ENV as PACKAGE_ENV
+from backends.inductor.package import enabled as packages_enabled
+from backends.inductor.package import offer_package, prepare
 from backends.inductor.runner import load
-from backends.registry import register_backend, registry
+from backends.registry import Artefact, register_backend, registry
 
 
 def inductor_reuse(
@@ -55,12 +58,25 @@ def inductor_reuse(
     return load(artefact, example_inputs, patches)
 
 
+def inductor_prepare(
+    gm: fx.GraphModule, example_inputs: list[Any], *, mode: str | None = None, **options: Any
+) -> Callable[[], Artefact]:
+    """inductor's package build without its compile here: the graph exported on this
+    thread, the package compiled in a child when the returned build runs (`reuse` loads
+    it). Unsupported when packages are off or cannot be built for this graph."""
+    if not packages_enabled():
+        raise Unsupported(f"inductor packages are off ({PACKAGE_ENV})")
+    patches = isa.stable(config_patches(mode, options), example_inputs)
+    return prepare(gm, example_inputs, patches)
+
+
 @register_backend(
     "inductor",
     options={"mode": check_mode},
     vocabulary=config_options,
     vocabulary_doc="a name of torch._inductor.config (torch._inductor.list_options())",
     reuse=inductor_reuse,
+    prepare=inductor_prepare,
     native_artefacts=True,
     exporter=export_parts,
     loader=load_payload,

@@ -50,12 +50,17 @@ class SpeedRules:
         timings: dict[str, Timing],
         slow: Fns,
         floored: Fns,
+        raced: bool = False,
     ) -> tuple[Attempt, Callable[..., Any] | None]:
         """`first` mode, a timed candidate: it wins, or is `slower` (below the eager floor,
         undecided included: into `floored`; below min_speedup unless `last`: into `slow`,
-        for the rescue)."""
+        for the rescue). `raced`: the graph's run-time race goes on after selection, so an
+        undecided candidate ahead of eager (`leads`) wins provisionally instead: it serves
+        while the race (eager in it) decides, and the chain's later backends challenge it."""
         if attempt.status is not Status.WON:
             return attempt, None
+        if raced and leads(timings[attempt.backend]) and not self.too_slow(attempt):
+            return attempt, fn
         if reason := self.below_floor(attempt.backend, timings):
             floored[attempt.backend] = fn
             return dataclasses.replace(attempt, status=Status.SLOWER, reason=reason), None
@@ -133,6 +138,11 @@ class SpeedRules:
             return f"faster than eager: {figures}"
         if attempt.verdict == TIED:
             return f"a tie with eager, kept (a tie is not a loss): {figures}"
+        if attempt.verdict == UNDECIDED and self.eager_floor:
+            return (
+                f"undecided against eager but ahead: it serves while the run-time race "
+                f"decides: {figures}"
+            )
         floor = "" if self.eager_floor else ", kept: eager_floor=False"
         return f"{attempt.verdict} against eager{floor}: {figures}"
 
@@ -185,6 +195,12 @@ def floor_at_run_time(eager: Timing | None) -> Attempt:
     return dataclasses.replace(
         attempt, reason="the last resort at run time: no later backend of the chain passed"
     )
+
+
+def leads(timing: Timing) -> bool:
+    """Undecided against eager, but its median ratio is ahead (the race's lead, not a
+    verdict: `first` mode serves it while the run-time race decides)."""
+    return timing.verdict == UNDECIDED and timing.speedup > 1.0
 
 
 def not_decided(record: GraphRecord) -> str | None:

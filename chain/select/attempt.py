@@ -328,3 +328,14 @@ def _errors(verdict: Verdict) -> dict[str, float | None]:
     if worst is None:
         return {}
     return {"error": worst.error, "eager_error": worst.eager_error, "error_ratio": worst.ratio}
+
+
+def why_not_raced(measure: bool, reference: Reference) -> str | None:
+    """Why no race can run on this graph (None: one can)."""
+    if not measure:
+        return "measure=False"
+    if reference.wrote:
+        return "the graph writes its inputs"
+    if reference.isolation is None or not reference.runnable:
+        return "its inputs are not recorded"
+    return None

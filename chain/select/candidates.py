@@ -22,7 +22,7 @@ from chain.report import graphinfo
 from chain.report.look import progress
 from chain.report.records import Attempt, Status
 from chain.run.graphs import GraphsStage, base_name, mark, prefer_graphed
-from chain.select.attempt import Reference, try_backend
+from chain.select.attempt import Reference, try_backend, why_not_raced
 from chain.select.concrete import concretize
 from chain.select.isolation import Isolation
 from chain.select.regions.mix import mix
@@ -56,6 +56,7 @@ class Selection:
     tolerances: dict[torch.dtype, tuple[float, float]] | None
     max_retries: int
     regions: bool = False  # fastest mode: also try the graph's regions under mixed backends
+    buckets: bool = False  # shape buckets serve symbolic graphs (no run-time race there)
 
     def reference(
         self,
@@ -150,6 +151,7 @@ class Selection:
         eager_of: dict[str, Timing] = {}  # first mode: each candidate's own run's eager
         shape = graphinfo.graph_hash(gm)
         why_not_graphs = self.graphs.why_not(gm, inputs)
+        raced = self._raced(inputs, reference)
         for backend in self.backends[start:]:
             if passed and self.mode == "first":
                 attempts.append(Attempt(backend.name, Status.NOT_TRIED, "a backend earlier won"))
@@ -177,7 +179,7 @@ class Selection:
                     )
                 eager = eager_of[backend.name] = timings[EAGER_REF]
                 attempt, fn = self.speed.judge(
-                    attempt, fn, self._last(backend), timings, slow, floored
+                    attempt, fn, self._last(backend), timings, slow, floored, raced
                 )
             if fn is not None:
                 passed[backend.name] = fn
@@ -206,6 +208,13 @@ class Selection:
             passed[EAGER] = gm.forward
         # the verified losers too: the run-time race's challengers (chain.select.racing)
         return attempts, {**slow, **floored, **passed}, eager
+
+    def _raced(self, inputs: list[Any], reference: Reference) -> bool:
+        """Whether the graph's run-time race will go on (chain.select.racing): recorded
+        inputs, measured, and not a symbolic graph that shape buckets serve."""
+        if why_not_raced(self.speed.measure, reference) is not None:
+            return False
+        return not (self.buckets and concretize(inputs).symbolic)
 
     def attempt(
         self,

@@ -1,16 +1,25 @@
 """Challengers compiled after the first call: in mode "first", once a graph's winner
 serves, the candidates after it and the chain's `challengers` (by default inductor where it
-is installed and not in the chain; on CUDA also its CUDA graphs variant) compile and verify
-at the graph's second call, then join the graph's run-time race (chain.select.racing). The
-first call pays only for the first candidate that passes.
+is installed and not in the chain; on CUDA also its CUDA graphs variant) are prepared at
+the graph's second call, verified, then join the graph's run-time race
+(chain.select.racing). The first call pays only for the first candidate that passes.
 
-Why not on a background thread: compiling traces the graph with torch.fx, which patches
-`nn.Module.__call__` and sets a tracing flag process-wide while it runs; a serving thread
-calling the compiled model meanwhile raises ("Detected that you are using FX to
+A challenger whose backend can build its artefact apart (`prepare`: inductor's AOTInductor
+package) is compiled in a child process: at the second call only its export runs on the
+calling thread (about a second for a small BERT, against 10-30 s for inductor's compile
+here); the background worker (chain.select.deferred, after the process settled) runs the
+child, loads the artefact with the backend's `reuse`, verifies it and races it. A child
+that fails, dies or hangs costs only its challenge (its note says so; at exit it is
+abandoned like a package build). Where `prepare` declines (packages off, a CUDA graph),
+the challenger compiles on the calling thread at the second call, as any other.
+
+Why not compile on a background thread: compiling traces the graph with torch.fx, which
+patches `nn.Module.__call__` and sets a tracing flag process-wide while it runs; a serving
+thread calling the compiled model meanwhile raises ("Detected that you are using FX to
 symbolically trace a dynamo-optimized function"; seen on the first try, then the process
 ended in `std::terminate`). On the calling thread, between its own calls, nothing of this
 model runs beside it when it is served from one thread; under several serving threads it
-is the hazard any recompile has. A compile in a child process would avoid it: not built.
+is the hazard any recompile has. Loading and running a built package traces nothing.
 
 A challenger is verified by the chain's rule (`try_backend`) on the graph's recorded
 inputs, against its reference (float64 where selection ran it), marked as a compile (a
@@ -32,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from backends.errors import one_line
-from backends.registry import Backend, lookup_backend
+from backends.errors import Unsupported, one_line
+from backends.registry import Artefact, Backend, lookup_backend
 from chain.judge.compiles import compiling
 from chain.report.records import Status
 from chain.run.graphs import base_name
+from chain.select import deferred
 from chain.select.attempt import Reference, try_backend
-from chain.select.deferred import snapshot
+from chain.select.deferred import reusing, snapshot
 
 if TYPE_CHECKING:
     from chain.run.guard import GuardedGraph
@@ -109,11 +119,14 @@ def challenge(
 
 
 def run(job: Challenge) -> None:
-    """Compile, verify and race each challenger in turn (on the calling thread); every
-    outcome is the graph's note."""
+    """Prepare each challenger in turn (on the calling thread): queued to be built in a
+    child where its backend can, else compiled, verified and raced here; every outcome is
+    the graph's note."""
     for backend in job.backends:
         try:
-            note = _run(job, backend)
+            note, declined = _apart(job, backend)
+            if note is None:
+                note = _run(job, backend, declined)
         except Exception as error:  # every failure is the graph's note, never lost
             log.warning("graph %d: challenger %s failed", job.record_id, backend.name,
                         exc_info=True)  # fmt: skip
@@ -121,8 +134,97 @@ def run(job: Challenge) -> None:
         _noted(job, note)
 
 
-def _run(job: Challenge, backend: Backend) -> str:
-    """Compile and verify one challenger; race it if it passes. The note on the outcome."""
+def _apart(job: Challenge, backend: Backend) -> tuple[str | None, str]:
+    """Queue `backend`'s build in a child (its `prepare` hook, the export here); the note,
+    or None and why not (it has no such hook, or declined this graph)."""
+    if backend.prepare is None:
+        return None, ""
+    name = base_name(backend.name)  # a CUDA graphs variant loads its backend's artefact
+    base = backend if name == backend.name else lookup_backend(name)
+    if base.reuse is None:
+        return None, ""
+    start = time.perf_counter()
+    try:
+        with (
+            compiling(f"{backend.name} (challenger export)"),
+            torch.inference_mode(job.inference),
+            torch.set_grad_enabled(job.grad),
+        ):
+            build = backend.prepare(
+                job.gm, job.inputs, **job.options.get(base_name(backend.name), {})
+            )
+    except Unsupported as why:
+        return None, f" (not built in a child process: {why.reason})"
+    took = time.perf_counter() - start
+    deferred.submit(Apart(job, base, backend.name, build, took))
+    return (
+        f"challenger {backend.name} exported at call 2 in {took:.1f} s; built in a child "
+        "process once the process settles, then verified and raced"
+    ), ""
+
+
+@dataclass(frozen=True)
+class Apart:
+    """A challenger built in a child process (a `deferred.Job`): its artefact loaded by
+    `backend`'s `reuse`, verified, then raced."""
+
+    job: Challenge
+    backend: Backend  # the registered backend whose `reuse` loads the artefact
+    name: str  # the challenger's name (the backend, or its CUDA graphs variant)
+    build: Callable[[], Artefact]
+    exported_s: float  # the part that ran on the calling thread
+
+    @property
+    def records(self) -> Records:
+        return self.job.records
+
+    @property
+    def record_id(self) -> int:
+        return self.job.record_id
+
+    @property
+    def what(self) -> str:
+        return f"challenger {self.name}'s build in a child process"
+
+    def failed(self, why: str) -> str:
+        return f"challenger {self.name}: its build in a child process failed ({why})"
+
+    def run(self) -> str:
+        """Build, load, verify; race it if it passes. The graph's note on the outcome."""
+        job, name = self.job, self.name
+        start = time.perf_counter()
+        with (
+            compiling(f"{name} (challenger, in a child process)"),
+            torch.inference_mode(job.inference),
+            torch.set_grad_enabled(job.grad),
+        ):
+            artefact = self.build()
+            compiler = reusing(self.backend, name, artefact.data)
+            if compiler is None:
+                return f"challenger {name}: its artefact cannot be loaded ({self.backend.name})"
+            attempt, fn = try_backend(
+                compiler,
+                job.gm,
+                job.inputs,
+                job.reference,
+                options=job.options.get(self.backend.name, {}),
+                max_retries=0,
+                timeout_s=None,
+                strict=False,
+            )
+        took = time.perf_counter() - start
+        where = (
+            f"built in a child process in {took:.1f} s (exported at call 2 in "
+            f"{self.exported_s:.1f} s)"
+        )
+        if fn is None or attempt.status is not Status.WON:
+            return f"challenger {name} {where}: {attempt.status}: {attempt.reason}"
+        return f"challenger {name} {where} and verified; {job.join(job.guard, name, fn)}"
+
+
+def _run(job: Challenge, backend: Backend, declined: str = "") -> str:
+    """Compile and verify one challenger here; race it if it passes. The note on the
+    outcome (`declined`: why it was not built in a child)."""
     name = backend.name
     start = time.perf_counter()
     with (
@@ -142,9 +244,9 @@ def _run(job: Challenge, backend: Backend) -> str:
         )
     took = time.perf_counter() - start
     if fn is None or attempt.status is not Status.WON:
-        return f"challenger {name}: {attempt.status}: {attempt.reason}"
+        return f"challenger {name}{declined}: {attempt.status}: {attempt.reason}"
     joined = job.join(job.guard, name, fn)
-    return f"challenger {name} compiled and verified at call 2 in {took:.1f} s; {joined}"
+    return f"challenger {name} compiled and verified at call 2 in {took:.1f} s{declined}; {joined}"
 
 
 def _noted(job: Challenge, note: str) -> None:

@@ -133,6 +133,7 @@ class Chain:
         self.selection = Selection(
             self.backends, self.options, self.graphs, self.speed, mode=mode, verify=verify,
             tolerances=tolerances, max_retries=max_retries, regions=regions,
+            buckets=bucket_after is not None,
         )  # fmt: skip
         self.recall = Remembered(self.memory, self.selection, self.records, eager_floor)
         self.racing = RaceStage(

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx
@@ -94,6 +94,25 @@ class Handoff:
         return True
 
 
+class Job(Protocol):
+    """A background job for graph `record_id` of `records`: `run()` does it (after the
+    process settled) and returns the graph's note; `failed(why)` is the note when it raised;
+    `what` names it in the note of a job abandoned at exit."""
+
+    @property
+    def records(self) -> Records: ...
+
+    @property
+    def record_id(self) -> int: ...
+
+    @property
+    def what(self) -> str: ...
+
+    def run(self) -> str: ...
+
+    def failed(self, why: str) -> str: ...
+
+
 @dataclass(frozen=True)
 class Build:
     """One artefact to build for graph `record_id` of a chain's `records`: `build()` makes
@@ -117,6 +136,17 @@ class Build:
     grad: bool
     inference: bool
     handoff: Handoff | None = None  # where it serves this process when faster
+    called_again: bool = False  # queued again by the graph's call after it was parked
+
+    @property
+    def what(self) -> str:
+        return f"memory: {self.backend.name}'s package build"
+
+    def run(self) -> str:
+        return _run(self)
+
+    def failed(self, why: str) -> str:
+        return _failed(self, f"its build failed ({why})")
 
 
 def snapshot(reference: Reference) -> Reference:
@@ -132,10 +162,10 @@ def snapshot(reference: Reference) -> Reference:
     return dataclasses.replace(reference, runs=runs, watch=None)
 
 
-_queue: queue.Queue[Build] = queue.Queue()
+_queue: queue.Queue[Job] = queue.Queue()
 _lock = threading.Lock()
 _worker: threading.Thread | None = None
-_current: list[Build] = []  # the build the worker runs now (for the note at exit)
+_current: list[Job] = []  # the job the worker runs now (for the note at exit)
 _exit_hook: list[bool] = []
 EXIT_WAIT_ENV = "CHAIN_EXIT_WAIT_S"
 DEFAULT_EXIT_WAIT_S = 5.0
@@ -154,8 +184,9 @@ def exit_wait_s() -> float:
     return value if math.isfinite(value) and 0 <= value <= 3600 else DEFAULT_EXIT_WAIT_S
 
 
-def submit(build: Build) -> None:
-    """Queue `build`; the worker thread starts if none runs."""
+def submit(build: Job) -> None:
+    """Queue `build` (a package `Build`, or another `Job`); the worker thread starts if none
+    runs."""
     global _worker
     with _lock:
         if cancel.abandoned():
@@ -202,9 +233,8 @@ def at_exit() -> None:
     waited = time.monotonic() - start
     for build in abandoned:
         note = (
-            f"memory: {build.backend.name}'s package build abandoned at exit after "
-            f"{waited:.1f} s ({EXIT_WAIT_ENV}={bound:g}); nothing kept against it: a later "
-            "process builds it"
+            f"{build.what} abandoned at exit after {waited:.1f} s ({EXIT_WAIT_ENV}={bound:g}); "
+            "nothing kept against it: a later process builds it"
         )
         try:
             _noted(build, note)
@@ -248,14 +278,15 @@ def _work() -> None:
                 return
             _current[:] = [build]
         try:
-            note = _run(build)
+            _idle()
+            note = build.run()
         except cancel.Cancelled:
             return  # abandoned at exit: `at_exit` notes it, nothing is kept against it
         except Exception as error:  # every failure is the graph's note, never lost
             if cancel.abandoned():
                 return
-            log.warning("graph %d: artefact build failed", build.record_id, exc_info=True)
-            note = _failed(build, f"its build failed ({one_line(error)})")
+            log.warning("graph %d: %s failed", build.record_id, build.what, exc_info=True)
+            note = build.failed(one_line(error))
         finally:
             _current.clear()
         if cancel.abandoned():
@@ -282,7 +313,8 @@ def _failed(build: Build, why: str) -> str:
 def _run(build: Build) -> str:
     """Build, load, verify, time and store one artefact; the graph's note on the outcome."""
     name = build.backend.name
-    _idle()
+    if (parked := _park(build)) is not None:
+        return parked
     with (
         compiling(f"{name} package"),
         torch.inference_mode(build.inference),
@@ -339,7 +371,28 @@ def _run(build: Build) -> str:
     )
 
 
-def _noted(build: Build, note: str) -> None:
+def _park(build: Build) -> str | None:
+    """Not now when a later graph of the same frame recompiled this one: dynamo tries its
+    newest compile first, so a dynamic recompile serves this graph's shapes too (a static
+    first graph, then a dynamic one at the next length: the first's package was 30-45 s of
+    compile never used). The build waits for this graph's next call (`guard.later`, nothing
+    on its fast path); the note says so. None: build now."""
+    guard = build.handoff.guard if build.handoff is not None else None
+    graphs = build.records.report.graphs
+    later = next((g.id for g in graphs if g.recompiles == build.record_id), None)
+    if later is None or guard is None or build.called_again:
+        return None
+    with _FALLBACK:
+        if guard.later is not None:  # the slot holds other work (challengers): build now
+            return None
+        guard.later = lambda: submit(dataclasses.replace(build, called_again=True))
+    return (
+        f"memory: {build.backend.name}'s package not built yet: graph {later} recompiled "
+        "this frame and serves its calls; built if this graph is called again"
+    )
+
+
+def _noted(build: Job, note: str) -> None:
     """Add `note` to the graph's record (and the report file); log it."""
     log.info("graph %d: %s", build.record_id, note)
     if build.record_id < len(build.records.report.graphs):

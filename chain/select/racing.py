@@ -24,7 +24,7 @@ from chain.judge.speed import EAGER, not_decided
 from chain.report.records import UNDECIDED, Attempt, GraphRecord, Status
 from chain.run.guard import _FALLBACK
 from chain.run.race import Racer
-from chain.select.attempt import Reference
+from chain.select.attempt import Reference, why_not_raced
 from chain.select.candidates import Selected, Selection
 from chain.select.challenge import challenge, default_challengers
 from chain.select.recall import Remembered
@@ -176,17 +176,6 @@ class Racing:
                     guard.racer = None
 
         guard.racer = Racer(race, contenders, copied, on_event, self.reference.tolerances, cuda)
-
-
-def why_not_raced(measure: bool, reference: Reference) -> str | None:
-    """Why no race can run on this graph (None: one can)."""
-    if not measure:
-        return "measure=False"
-    if reference.wrote:
-        return "the graph writes its inputs"
-    if reference.isolation is None or not reference.runnable:
-        return "its inputs are not recorded"
-    return None
 
 
 def _record(records: Records, graph_id: int, event: RaceEvent) -> None:
