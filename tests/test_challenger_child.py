@@ -56,8 +56,13 @@ def _notes(backend: Any) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_inductor_built_in_a_child_is_raced_and_promoted(
-    mode: str, no_inductor_compile: list[str]
+    mode: str, no_inductor_compile: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import chain.select.racing as racing
+
+    # slow's selection counts as decided whatever the load: eager does not race it (on a
+    # busy machine it would, and could be promoted first), inductor alone challenges it
+    monkeypatch.setattr(racing, "not_decided", lambda record: None)
     torch.manual_seed(0)
     model = MLP().eval()
     backend = chain(slow, "eager", eager_floor=False, challengers=["inductor"])

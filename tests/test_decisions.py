@@ -433,6 +433,28 @@ def test_a_background_build_settles_after_the_last_compile_unless_hurried() -> N
     assert settled.wait(10)  # then at once: hurried past the 600 s period
     builder.join()
 
+    # dynamo tracing a frame on another thread (it holds its compile lock) counts too
+    from torch._dynamo.convert_frame import compile_lock
+
+    settled.clear()
+    traced, done = threading.Event(), threading.Event()
+
+    def trace() -> None:
+        with compile_lock:
+            traced.set()
+            done.wait(10)
+
+    tracer = threading.Thread(target=trace)
+    tracer.start()
+    assert traced.wait(10)
+    builder = threading.Thread(target=lambda: (settle(600, until=hurry), settled.set()))
+    builder.start()
+    assert not settled.wait(0.3)  # hurried, but dynamo traces: it waits
+    done.set()
+    tracer.join()
+    assert settled.wait(10)
+    builder.join()
+
 
 # -- end to end ---------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -65,13 +66,33 @@ def settle(
 ) -> None:
     """Wait until no compile (but those in `mine`) runs and, unless `until` is set, none
     has ended for `seconds`: a process that just compiled often compiles again (dynamo's
-    dynamic graph at the second shape, a bucket), and times its candidates then."""
+    dynamic graph at the second shape, a bucket), and times its candidates then. Dynamo
+    tracing a frame on another thread counts as a compile: its tracing comes before any
+    backend's (seconds for a transformers model on a busy machine)."""
+    busy_seen = float("-inf")
     with _changed:
         while True:
             if any(i not in mine for i in _running):
                 _changed.wait(0.5)
                 continue
-            left = _ended[0] + seconds - time.monotonic()
+            if dynamo_compiling():
+                busy_seen = time.monotonic()
+                _changed.wait(0.1)
+                continue
+            left = max(_ended[0], busy_seen) + seconds - time.monotonic()
             if left <= 0 or (until is not None and until.is_set()):
                 return
             _changed.wait(min(left, 0.5))  # `until` is looked at twice a second
+
+
+def dynamo_compiling() -> bool:
+    """Whether dynamo compiles a frame on another thread now: it holds its compile lock
+    from tracing to guards (torch._dynamo.convert_frame's, a private name: False where
+    torch has none)."""
+    lock = getattr(sys.modules.get("torch._dynamo.convert_frame"), "compile_lock", None)
+    if lock is None:
+        return False
+    if lock.acquire(blocking=False):  # free (or this thread's own): released at once
+        lock.release()
+        return False
+    return True
