@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import chain
+import chain.select.background as background
 import chain.select.deferred as deferred
 from chain.judge.timing import Timing
 from chain.report.attempts import FASTER, UNDECIDED
@@ -133,7 +134,7 @@ def test_a_graph_its_dynamic_recompile_replaced_is_built_only_once_called_again(
     (parked on its guard), instead of a compile nobody may use."""
     monkeypatch.setenv("CHAIN_INDUCTOR_PACKAGE", "1")
     monkeypatch.setattr(deferred, "measure", synthetic(FASTER))
-    monkeypatch.setattr(deferred, "SETTLE_S", 120.0)  # no build before `wait()`, even loaded
+    monkeypatch.setattr(background, "SETTLE_S", 120.0)  # no build before `wait()`, even loaded
     torch.manual_seed(0)
     model = MLP().eval()
     backend = chain.chain(

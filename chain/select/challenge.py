@@ -7,7 +7,7 @@ the graph's second call, verified, then join the graph's run-time race
 A challenger whose backend can build its artefact apart (`prepare`: inductor's AOTInductor
 package) is compiled in a child process: at the second call only its export runs on the
 calling thread (about a second for a small BERT, against 10-30 s for inductor's compile
-here); the background worker (chain.select.deferred, after the process settled) runs the
+here); the background worker (chain.select.background, after the process settled) runs the
 child, loads the artefact with the backend's `reuse`, verifies it and races it. A child
 that fails, dies or hangs costs only its challenge (its note says so; at exit it is
 abandoned like a package build). Where `prepare` declines (packages off, a CUDA graph),
@@ -46,7 +46,7 @@ from backends.registry import Artefact, Backend, lookup_backend
 from chain.judge.compiles import compiling
 from chain.report.records import Status
 from chain.run.graphs import base_name
-from chain.select import deferred
+from chain.select import background
 from chain.select.attempt import Reference, try_backend
 from chain.select.deferred import reusing, snapshot
 
@@ -156,7 +156,7 @@ def _apart(job: Challenge, backend: Backend) -> tuple[str | None, str]:
     except Unsupported as why:
         return None, f" (not built in a child process: {why.reason})"
     took = time.perf_counter() - start
-    deferred.submit(Apart(job, base, backend.name, build, took))
+    background.submit(Apart(job, base, backend.name, build, took))
     return (
         f"challenger {backend.name} exported at call 2 in {took:.1f} s; built in a child "
         "process once the process settles, then verified and raced"
@@ -165,7 +165,7 @@ def _apart(job: Challenge, backend: Backend) -> tuple[str | None, str]:
 
 @dataclass(frozen=True)
 class Apart:
-    """A challenger built in a child process (a `deferred.Job`): its artefact loaded by
+    """A challenger built in a child process (a `background.Job`): its artefact loaded by
     `backend`'s `reuse`, verified, then raced."""
 
     job: Challenge

@@ -1,61 +1,48 @@
 """Artefacts built after the decision, off the caller's thread: inductor's AOTInductor
 package is a second compile (tens of seconds on a small CPU), so the process that selected
-(or a warm one that found no package) builds it in the background, never in a user's call.
+(or a warm one that found no package) builds it in the background (`chain.select.background`:
+once the process settled, never in a user's call, abandoned at exit after a bounded wait).
 
-One worker thread per process takes the builds in turn. Each starts once no backend
-compile has run in the process for SETTLE_S seconds (a process that just compiled often
-compiles and times again: dynamo's dynamic graph at the second shape, a bucket; a build
-beside that timing made its decision noisy, so provisional, and its own package wasted), or
-at once when someone waits for the builds (`wait()`, the exit). It is marked as a compile
-itself, so a timing run beside it waits or records it as noise. A build is then treated as a
-candidate: loaded through the backend's `reuse`, verified against eager by the chain's
-rule (`try_backend`), timed against the JIT compile it replaces, and stored only if it is
-not measurably slower. Every outcome, failures included, is a note on the graph's record
-(and the report file) and a line on the `chain` logger; a failed or slower build is kept
-with the decision so later processes do not build it again.
-
-A process never waits silently or unboundedly for a build at exit: when one is queued or
-running, it prints one line to stderr, waits at most CHAIN_EXIT_WAIT_S seconds (default
-5; 0: no wait), and SIGINT ends the wait at once. A build unfinished by then is abandoned:
-its child's process group is killed and its folder removed (`backends.cancel`), the graph's
-note (and the report file) says so, and nothing is kept against it, so a later process
-builds it again. CHAIN_INDUCTOR_PACKAGE=0, or max_artefact_mb=0, builds none.
+A build is marked as a compile itself, so a timing run beside it waits or records it as
+noise. It is then treated as a candidate: loaded through the backend's `reuse`, verified
+against eager by the chain's rule (`try_backend`), timed against the JIT compile it
+replaces, and stored only if it is not measurably slower; timed faster, it serves this
+process too (`Handoff`). Every outcome, failures included, is a note on the graph's record;
+a failed or slower build is kept with the decision so later processes do not build it
+again. A build whose graph a later graph of the same frame recompiled (dynamo's dynamic
+graph at the next shape, which serves this one's calls too) waits for its graph's next
+call (`_park`). CHAIN_INDUCTOR_PACKAGE=0, or max_artefact_mb=0, builds none.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import inspect
-import logging
-import math
-import os
-import queue
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import fx
 
 from backends import cancel
-from backends.errors import Unsupported, one_line
+from backends.errors import Unsupported
 from backends.registry import Artefact, Backend
-from chain.judge.compiles import compiling, lineage, quiet, settle
+from chain.judge.compiles import compiling, lineage, quiet
 from chain.judge.rounds import measure
 from chain.judge.speed import QUIET_S, UNDECIDED_MORE, SpeedRules
 from chain.memory import Memory, Recall
 from chain.report.records import Status
 from chain.run.guard import _FALLBACK
 from chain.select.attempt import Reference, try_backend
+from chain.select.background import pending, submit, wait
 from chain.select.isolation import fresh_copy
 from chain.select.records import Records
 
-log = logging.getLogger("chain")
+__all__ = ["JIT", "Build", "Handoff", "pending", "reusing", "snapshot", "submit", "wait"]
+
 JIT = "JIT compile"  # the baseline a built artefact is timed against
 
 
@@ -92,25 +79,6 @@ class Handoff:
                 return False
             guard.switch(fn, guard.backend_index, winner)
         return True
-
-
-class Job(Protocol):
-    """A background job for graph `record_id` of `records`: `run()` does it (after the
-    process settled) and returns the graph's note; `failed(why)` is the note when it raised;
-    `what` names it in the note of a job abandoned at exit."""
-
-    @property
-    def records(self) -> Records: ...
-
-    @property
-    def record_id(self) -> int: ...
-
-    @property
-    def what(self) -> str: ...
-
-    def run(self) -> str: ...
-
-    def failed(self, why: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -160,144 +128,6 @@ def snapshot(reference: Reference) -> Reference:
             for i, x in enumerate(runs)
         )
     return dataclasses.replace(reference, runs=runs, watch=None)
-
-
-_queue: queue.Queue[Job] = queue.Queue()
-_lock = threading.Lock()
-_worker: threading.Thread | None = None
-_current: list[Job] = []  # the job the worker runs now (for the note at exit)
-_exit_hook: list[bool] = []
-EXIT_WAIT_ENV = "CHAIN_EXIT_WAIT_S"
-DEFAULT_EXIT_WAIT_S = 5.0
-SETTLE_S = 5.0  # a build starts once the process has compiled nothing for this long
-_hurry = threading.Event()  # set while someone waits for the builds: no settling
-_waiters = [0]
-
-
-def exit_wait_s() -> float:
-    """How long a leaving process waits for its builds: CHAIN_EXIT_WAIT_S seconds (a
-    number from 0 to 3600; anything else: the default, 5)."""
-    try:
-        value = float(os.environ.get(EXIT_WAIT_ENV, DEFAULT_EXIT_WAIT_S))
-    except ValueError:
-        return DEFAULT_EXIT_WAIT_S
-    return value if math.isfinite(value) and 0 <= value <= 3600 else DEFAULT_EXIT_WAIT_S
-
-
-def submit(build: Job) -> None:
-    """Queue `build` (a package `Build`, or another `Job`); the worker thread starts if none
-    runs."""
-    global _worker
-    with _lock:
-        if cancel.abandoned():
-            return  # the process is leaving: a later process builds it
-        _queue.put(build)
-        if not _exit_hook:
-            atexit.register(at_exit)
-            _exit_hook.append(True)
-        if _worker is None:
-            _worker = threading.Thread(target=_work, name="chain-artefacts", daemon=True)
-            _worker.start()
-
-
-def at_exit() -> None:
-    """At exit: wait for the builds at most `exit_wait_s()`, saying so in one line; SIGINT
-    ends the wait at once. Then abandon what still runs (its graph's note says so)."""
-    with _lock:
-        worker = _worker
-    if worker is None or not worker.is_alive():
-        return
-    bound = exit_wait_s()
-    start = time.monotonic()
-    if bound > 0:
-        with _lock:
-            _waiters[0] += 1  # the process is leaving: nothing is left to time
-            _hurry.set()
-        try:
-            print(
-                f"backend-chain: waiting up to {bound:g} s for a package build to finish "
-                f"({EXIT_WAIT_ENV}; Ctrl-C skips it, a later process builds it)",
-                file=sys.stderr,
-                flush=True,
-            )
-            worker.join(bound)
-        except KeyboardInterrupt:
-            pass
-    if not worker.is_alive():
-        return
-    abandoned = list(_current)
-    with _lock:
-        while not _queue.empty():
-            abandoned.append(_queue.get_nowait())
-    cancel.abandon_children()
-    waited = time.monotonic() - start
-    for build in abandoned:
-        note = (
-            f"{build.what} abandoned at exit after {waited:.1f} s ({EXIT_WAIT_ENV}={bound:g}); "
-            "nothing kept against it: a later process builds it"
-        )
-        try:
-            _noted(build, note)
-        except Exception as error:  # the report file may be gone at exit: logged, not lost
-            log.warning("graph %d: %s (not noted: %s)", build.record_id, note, one_line(error))
-
-
-def pending() -> bool:
-    """Whether builds are queued or running (tests and benchmarks wait on `wait()`)."""
-    with _lock:
-        return _worker is not None
-
-
-def wait(timeout_s: float | None = None) -> bool:
-    """Wait for the queued builds to end; False if some still run after `timeout_s`."""
-    with _lock:
-        worker = _worker
-        if worker is None:
-            return True
-        _waiters[0] += 1
-        _hurry.set()
-    try:
-        worker.join(timeout_s)
-    finally:
-        with _lock:
-            _waiters[0] -= 1
-            if not _waiters[0]:
-                _hurry.clear()
-    return not worker.is_alive()
-
-
-def _work() -> None:
-    """Take builds until none is left, then end (the process may exit)."""
-    global _worker
-    while True:
-        with _lock:
-            try:
-                build = _queue.get_nowait()
-            except queue.Empty:
-                _worker = None
-                return
-            _current[:] = [build]
-        try:
-            _idle()
-            note = build.run()
-        except cancel.Cancelled:
-            return  # abandoned at exit: `at_exit` notes it, nothing is kept against it
-        except Exception as error:  # every failure is the graph's note, never lost
-            if cancel.abandoned():
-                return
-            log.warning("graph %d: %s failed", build.record_id, build.what, exc_info=True)
-            note = build.failed(one_line(error))
-        finally:
-            _current.clear()
-        if cancel.abandoned():
-            return
-        _noted(build, note)
-
-
-def _idle() -> None:
-    """Wait until the process has compiled nothing for SETTLE_S (no selection in flight,
-    none just made), or someone waits for the builds."""
-    settle(SETTLE_S, lineage(), _hurry)
 
 
 def _failed(build: Build, why: str) -> str:
@@ -383,18 +213,15 @@ def _park(build: Build) -> str | None:
     if later is None or guard is None or build.called_again:
         return None
     with _FALLBACK:
-        if guard.later is not None:  # the slot holds other work (challengers): build now
-            return None
-        guard.later = lambda: submit(dataclasses.replace(build, called_again=True))
+        waiting = guard.later  # other work for the graph's next call (its challengers)
+
+        def called() -> None:
+            if waiting is not None:
+                waiting()
+            submit(dataclasses.replace(build, called_again=True))
+
+        guard.later = called
     return (
         f"memory: {build.backend.name}'s package not built yet: graph {later} recompiled "
         "this frame and serves its calls; built if this graph is called again"
     )
-
-
-def _noted(build: Job, note: str) -> None:
-    """Add `note` to the graph's record (and the report file); log it."""
-    log.info("graph %d: %s", build.record_id, note)
-    if build.record_id < len(build.records.report.graphs):
-        build.records.note(build.record_id, note)
-        build.records.save()
