@@ -66,7 +66,8 @@ def inductor_prepare(
     it). Unsupported when packages are off or cannot be built for this graph."""
     if not packages_enabled():
         raise Unsupported(f"inductor packages are off ({PACKAGE_ENV})")
-    patches = isa.stable(config_patches(mode, options), example_inputs)
+    # the ISA verdict if one is kept: a first probe (seconds of C++) runs in the child
+    patches = isa.stable(config_patches(mode, options), example_inputs, probe_now=False)
     return prepare(gm, example_inputs, patches)
 
 

@@ -196,14 +196,19 @@ def compile_healed(
             raise RuntimeError(said) from again
 
 
-def stable(patches: Mapping[str, Any], example_inputs: Sequence[Any]) -> dict[str, Any]:
+def stable(
+    patches: Mapping[str, Any], example_inputs: Sequence[Any], *, probe_now: bool = True
+) -> dict[str, Any]:
     """`patches` with `cpp.vec_isa_ok` from the remembered probe, for a graph whose tensors
     are all on the CPU; unchanged where the user set it (in the options or in inductor's
-    config) or the graph touches a GPU."""
+    config) or the graph touches a GPU. `probe_now=False`: a verdict only if one is kept
+    (the probe compiles C++, seconds on a fresh machine; a package's child probes itself)."""
     from torch._inductor import config
 
     on_cpu = all(x.device.type == "cpu" for x in example_inputs if isinstance(x, torch.Tensor))
     if SETTING in patches or config.cpp.vec_isa_ok is not None or not on_cpu or not _X86_LINUX:
+        return dict(patches)
+    if not probe_now and machine_key(patches) not in _verdicts(_path()):
         return dict(patches)
     verdict = remembered(patches)
     return dict(patches) if verdict is None else {**patches, SETTING: verdict}
