@@ -6,12 +6,13 @@ the graph's second call, verified, then join the graph's run-time race
 
 A challenger whose backend can build its artefact apart (`prepare`: inductor's AOTInductor
 package) is compiled in a child process: at the second call only its export runs on the
-calling thread (a small BERT's second call: 0.72 s, against 17.2 s for inductor's compile
-here); the background worker (chain.select.background, after the process settled) runs the
-child, loads the artefact with the backend's `reuse`, verifies it and races it. A child
-that fails, dies or hangs costs only its challenge (its note says so; at exit it is
-abandoned like a package build). Where `prepare` declines (packages off, a CUDA graph),
-the challenger compiles on the calling thread at the second call, as any other.
+calling thread (a small BERT's second call: 0.49 s, against 14.9 s for inductor's compile
+there: benchmarks/challenger_child.py); the background worker (chain.select.background,
+after the process settled) runs the child, loads the artefact with the backend's `reuse`,
+verifies it and races it. A child that fails, dies or hangs costs only its challenge (its
+note says so; at exit it is abandoned like a package build). Where `prepare` declines
+(packages off, a CUDA graph), the challenger compiles on the calling thread at the second
+call, as any other.
 
 Why not compile on a background thread: compiling traces the graph with torch.fx, which
 patches `nn.Module.__call__` and sets a tracing flag process-wide while it runs; a serving
