@@ -132,7 +132,7 @@ def at_exit() -> None:
             "nothing kept against it: a later process builds it"
         )
         try:
-            _noted(build, note)
+            noted(build.records, build.record_id, note)
         except Exception as error:  # the report file may be gone at exit: logged, not lost
             log.warning("graph %d: %s (not noted: %s)", build.record_id, note, one_line(error))
 
@@ -186,7 +186,7 @@ def _work() -> None:
             _current.clear()
         if cancel.abandoned():
             return
-        _noted(build, note)
+        noted(build.records, build.record_id, note)
 
 
 def _idle() -> None:
@@ -195,9 +195,9 @@ def _idle() -> None:
     settle(SETTLE_S, lineage(), _hurry)
 
 
-def _noted(build: Job, note: str) -> None:
-    """Add `note` to the graph's record (and the report file); log it."""
-    log.info("graph %d: %s", build.record_id, note)
-    if build.record_id < len(build.records.report.graphs):
-        build.records.note(build.record_id, note)
-        build.records.save()
+def noted(records: Records, record_id: int, note: str) -> None:
+    """Add `note` to graph `record_id`'s record (and the report file); log it."""
+    log.info("graph %d: %s", record_id, note)
+    if record_id < len(records.report.graphs):
+        records.note(record_id, note)
+        records.save()

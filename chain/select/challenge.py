@@ -49,7 +49,7 @@ from chain.report.records import Status
 from chain.run.graphs import base_name
 from chain.select import background
 from chain.select.attempt import Reference, try_backend
-from chain.select.deferred import reusing, snapshot
+from chain.select.deferred import load_verified, snapshot
 
 if TYPE_CHECKING:
     from chain.run.guard import GuardedGraph
@@ -132,7 +132,7 @@ def run(job: Challenge) -> None:
             log.warning("graph %d: challenger %s failed", job.record_id, backend.name,
                         exc_info=True)  # fmt: skip
             note = f"challenger {backend.name} failed: {one_line(error)}"
-        _noted(job, note)
+        background.noted(job.records, job.record_id, note)
 
 
 def _apart(job: Challenge, backend: Backend) -> tuple[str | None, str]:
@@ -151,9 +151,7 @@ def _apart(job: Challenge, backend: Backend) -> tuple[str | None, str]:
             torch.inference_mode(job.inference),
             torch.set_grad_enabled(job.grad),
         ):
-            build = backend.prepare(
-                job.gm, job.inputs, **job.options.get(base_name(backend.name), {})
-            )
+            build = backend.prepare(job.gm, job.inputs, **job.options.get(name, {}))
     except Unsupported as why:
         return None, f" (not built in a child process: {why.reason})"
     took = time.perf_counter() - start
@@ -200,19 +198,13 @@ class Apart:
             torch.set_grad_enabled(job.grad),
         ):
             artefact = self.build()
-            compiler = reusing(self.backend, name, artefact.data)
-            if compiler is None:
+            loaded = load_verified(
+                self.backend, name, artefact.data, job.gm, job.inputs, job.reference,
+                job.options.get(self.backend.name, {}),
+            )  # fmt: skip
+            if loaded is None:
                 return f"challenger {name}: its artefact cannot be loaded ({self.backend.name})"
-            attempt, fn = try_backend(
-                compiler,
-                job.gm,
-                job.inputs,
-                job.reference,
-                options=job.options.get(self.backend.name, {}),
-                max_retries=0,
-                timeout_s=None,
-                strict=False,
-            )
+            attempt, fn = loaded
         took = time.perf_counter() - start
         where = (
             f"built in a child process in {took:.1f} s (exported at call 2 in "
@@ -248,11 +240,3 @@ def _run(job: Challenge, backend: Backend, declined: str = "") -> str:
         return f"challenger {name}{declined}: {attempt.status}: {attempt.reason}"
     joined = job.join(job.guard, name, fn)
     return f"challenger {name} compiled and verified at call 2 in {took:.1f} s{declined}; {joined}"
-
-
-def _noted(job: Challenge, note: str) -> None:
-    """Add `note` to the graph's record (and the report file); log it."""
-    log.info("graph %d: %s", job.record_id, note)
-    if job.record_id < len(job.records.report.graphs):
-        job.records.note(job.record_id, note)
-        job.records.save()

@@ -34,7 +34,7 @@ from chain.judge.compiles import compiling, lineage, quiet
 from chain.judge.rounds import measure
 from chain.judge.speed import QUIET_S, UNDECIDED_MORE, SpeedRules
 from chain.memory import Memory, Recall
-from chain.report.records import Status
+from chain.report.records import Attempt, Status
 from chain.run.guard import _FALLBACK
 from chain.select.attempt import Reference, try_backend
 from chain.select.background import pending, submit, wait
@@ -130,6 +130,27 @@ def snapshot(reference: Reference) -> Reference:
     return dataclasses.replace(reference, runs=runs, watch=None)
 
 
+def load_verified(
+    backend: Backend,
+    winner: str,
+    data: bytes,
+    gm: fx.GraphModule,
+    inputs: list[Any],
+    reference: Reference,
+    options: dict[str, Any],
+) -> tuple[Attempt, Callable[..., Any] | None] | None:
+    """`winner` rebuilt by `backend` from its artefact `data` (`reusing`), run and verified
+    by the chain's rule (no retry, no time limit: off the caller's thread); None when
+    `backend` cannot rebuild `winner` from it."""
+    compiler = reusing(backend, winner, data)
+    if compiler is None:
+        return None
+    return try_backend(
+        compiler, gm, inputs, reference, options=options, max_retries=0, timeout_s=None,
+        strict=False,
+    )  # fmt: skip
+
+
 def _failed(build: Build, why: str) -> str:
     """The note for a build that will not serve: kept with the decision, so later
     processes do not build it again."""
@@ -158,20 +179,13 @@ def _run(build: Build) -> str:
                 raise cancel.Cancelled("abandoned at exit") from None
             return _failed(build, f"not built ({error.reason})")
         build_s = time.perf_counter() - start
-        options = build.options
-        compiler = reusing(build.backend, build.winner, artefact.data)
-        if compiler is None:
+        loaded = load_verified(
+            build.backend, build.winner, artefact.data, build.gm, build.inputs,
+            build.reference, build.options,
+        )  # fmt: skip
+        if loaded is None:
             return _failed(build, f"{build.winner} cannot be rebuilt from it")
-        attempt, fn = try_backend(
-            compiler,
-            build.gm,
-            build.inputs,
-            build.reference,
-            options=options,
-            max_retries=0,
-            timeout_s=None,
-            strict=False,
-        )
+        attempt, fn = loaded
         if fn is None or attempt.status is not Status.WON:
             return _failed(build, f"built, then {attempt.status}: {attempt.reason}")
         speed = ""
