@@ -12,6 +12,7 @@ import torch
 from torch import fx
 
 from chain import AllCandidatesFailed, Status, chain
+from chain.judge.accuracy import reduction_lengths
 from chain.select import isolation as isolation_module
 from chain.select.isolation import WeightsDamaged
 from tests.models import build, build_extra
@@ -268,6 +269,54 @@ def test_a_sum_off_by_a_real_error_is_still_a_mismatch() -> None:
     wrong = c.report.graphs[0].attempts[0]
     assert wrong.status is Status.MISMATCH
     assert wrong.reason.startswith("output 0: RMSE vs float64")
+
+
+class SumsMixed(torch.nn.Module):
+    """Two sums added and scaled, and a mean broadcast back over its input."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum() * 0.5 + y.sum(), x - x.mean(-1, keepdim=True)
+
+
+def _traced(model: torch.nn.Module, *inputs: torch.Tensor) -> fx.GraphModule:
+    graphs: list[fx.GraphModule] = []
+
+    def keep(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=keep)(*inputs)
+    (gm,) = graphs
+    return gm
+
+
+def test_arithmetic_on_a_sum_keeps_its_length_a_broadcast_mean_does_not() -> None:
+    """The floor follows a sum through `* 0.5 + y.sum()`; a mean broadcast back over a
+    larger tensor leaves that output at one ulp (its rounding is small next to it)."""
+    gm = _traced(SumsMixed(), torch.randn(40, 50), torch.randn(30))
+    assert reduction_lengths(gm) == (2000, 1)
+
+
+def test_a_correct_onnxruntime_sum_of_sums_wins_a_wrong_one_does_not() -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(1000, 1000), torch.randn(30)
+    c = chain("onnxruntime", "eager", measure=False)
+    with torch.no_grad():
+        torch.compile(SumsMixed(), backend=c)(x, y)
+    assert c.report.graphs[0].attempts[0].status is Status.WON, c.report.graphs[0].attempts
+
+    def drops_a_block(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        def run(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x.view(-1)[:-1000].sum() * 0.5 + y.sum(), x - x.mean(-1, keepdim=True)
+
+        return run
+
+    c = chain(drops_a_block, "eager", measure=False)
+    with torch.no_grad():
+        torch.compile(SumsMixed(), backend=c)(x, y)
+    wrong = c.report.graphs[0].attempts[0]
+    assert wrong.status is Status.MISMATCH and wrong.reason.startswith("output 0: RMSE"), wrong
 
 
 def test_every_candidate_failing_still_names_each() -> None:
