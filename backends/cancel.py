@@ -124,6 +124,24 @@ def child(stop: Callable[[], None]) -> Iterator[None]:
             _children.pop(id(stop), None)
 
 
+def leftover(remove: Callable[[], None]) -> Callable[[], None]:
+    """Register `remove` (deletes what waits for a child not started yet: a saved program
+    in a private folder) to run if the process abandons its children; the function that
+    releases it (the child ran, and its caller removed the folder). At once when the
+    process already abandoned them."""
+    with _children_lock:
+        if not _abandoned.is_set():
+            _children[id(remove)] = remove
+
+            def release() -> None:
+                with _children_lock:
+                    _children.pop(id(remove), None)
+
+            return release
+    remove()
+    return lambda: None
+
+
 def abandon_children() -> int:
     """Stop every registered child now, and start none after (the process is leaving);
     how many were stopped."""

@@ -113,7 +113,17 @@ import torch
 from chain import chain
 from tests.models import MLP
 
-model = MLP().eval()
+class Two(torch.nn.Module):  # two graphs: two package builds, the second queued
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = MLP(), MLP()
+
+    def forward(self, x):
+        y = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(y) * 2
+
+model = (Two() if os.environ.get("TWO_GRAPHS") else MLP()).eval()
 backend = chain("inductor", "eager", mode="first", eager_floor=False, memory=True)
 fast = torch.compile(model, backend=backend)
 with torch.no_grad():
@@ -175,6 +185,22 @@ def test_a_hung_build_holds_the_exit_at_most_the_bound_and_leaves_nothing(
     assert after < 2 + 60  # the bound, and a busy machine's slack for the exit itself
     for entry in (cache / "decisions").glob("*.json"):  # nothing kept against the build
         assert "no_artefact" not in entry.read_text()
+
+
+@pytest.mark.slow
+def test_a_build_still_queued_at_exit_leaves_no_folder(tmp_path: Path) -> None:
+    """Two graphs, two package builds: the first hangs in its child, the second waits in
+    the queue with its exported program saved. Neither folder outlives the process."""
+    hang, temp = tmp_path / "hang.json", tmp_path / "tmp"
+    temp.mkdir()
+    env = {HANG_ENV: str(hang), "CHAIN_EXIT_WAIT_S": "2", "TWO_GRAPHS": "1", "TMPDIR": str(temp)}
+    process = _script(tmp_path / "store", **env)
+    _last_line(process)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-2000:]
+    child = json.loads(hang.read_text())
+    assert _gone(child["pid"]), "the build child outlived the process"
+    assert sorted(p.name for p in temp.glob("chain-aoti-build-*")) == []
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """A challenger built in a child process (chain.select.challenge, `prepare`): inductor as a
 challenger is exported at the graph's second call, compiled as an AOTInductor package in a
 child, loaded, verified, raced and promoted, without inductor compiling in the serving
-process; answers stay eager's, under both grad modes, with weights changed after the
-promotion. A child that hangs or dies costs only its challenge: the model serves on.
-Speeds differ by design (the server sleeps 2 ms a call), so the outcome holds under load."""
+process; answers stay eager's, under both grad modes, with weights changed while the child
+builds (verified on the new ones) and after the promotion. A child that hangs or dies
+costs only its challenge: the model serves on. Speeds differ by design (the server sleeps 2 ms a call), so the outcome holds under load."""
 
 from __future__ import annotations
 
@@ -70,10 +70,14 @@ def test_inductor_built_in_a_child_is_raced_and_promoted(
     inputs = [torch.randn(4, 32), torch.randn(4, 32)]
     _serve(compiled, model, inputs, 2, mode)  # selects (slow serves); call 2 exports inductor
     assert any("challenger inductor exported at call 2" in n for n in _notes(backend))
+    # the user loads new weights while the child builds: the package is verified on them
+    model.load_state_dict({k: v * 0.9 for k, v in model.state_dict().items()})
+    _serve(compiled, model, inputs, 2, mode)
     assert deferred.wait(600), "the child's build did not end"
     notes = _notes(backend)
     built = [n for n in notes if "challenger inductor built in a child process" in n]
     assert built and "verified; racing it against slow" in built[0], notes
+    assert "reference recorded again: weight(s) input" in built[0], built
     _serve(compiled, model, inputs, MAX_CALLS, mode, until=lambda: _events(backend, "promoted"))
     [graph] = backend.report.graphs
     promoted = [e for e in graph.race.events if e.what == "promoted"] if graph.race else []

@@ -61,10 +61,15 @@ def test_a_faster_package_serves_this_process(
         for batch in (4, 7):
             x = torch.randn(batch, 32)
             torch.testing.assert_close(fast(x), model(x))
+        # new weights while the package builds: it is verified (and timed) on them
+        model.load_state_dict({k: v * 0.9 for k, v in model.state_dict().items()})
+        x = torch.randn(6, 32)
+        torch.testing.assert_close(fast(x), model(x))
     assert deferred.wait(600)
     [record] = backend.report.graphs
     stored = [n for n in record.notes if "package stored" in n]
     assert stored, record.notes
+    assert "reference recorded again: weight(s) input" in stored[0], stored[0]
     serves = "it serves this process from now on" in stored[0]
     assert serves == (verdict == FASTER), stored[0]
 

@@ -193,6 +193,50 @@ def test_racing_from_four_threads_with_weights_that_change() -> None:
     assert graph.race is not None and graph.race.pairs > 0
 
 
+def _load_state_dict(model: torch.nn.Module) -> None:
+    model.load_state_dict({k: v * 0.9 if v.is_floating_point() else v
+                           for k, v in model.state_dict().items()})  # fmt: skip
+
+
+def _sgd_step(model: torch.nn.Module) -> None:
+    with torch.enable_grad(), torch.inference_mode(False):
+        ids = torch.randint(0, 100, (2, 8))
+        model(ids).last_hidden_state.square().mean().backward()
+        torch.optim.SGD(model.parameters(), lr=0.5).step()
+        model.zero_grad()
+
+
+def _lora_merge(model: torch.nn.Module) -> None:
+    """An in-place merge of a rank-2 adapter, as peft merges one (`weight.add_(delta)`)."""
+    query = model.encoder.layer[0].attention.self.query.weight
+    with torch.no_grad():
+        query.add_(0.5 * torch.randn(32, 2) @ torch.randn(2, 32))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("update", [_load_state_dict, _sgd_step, _lora_merge],
+                         ids=["load_state_dict", "sgd_step", "lora_merge"])  # fmt: skip
+def test_a_challenger_after_a_weight_update_is_verified_on_the_new_weights(
+    mode: str, update: Callable[[torch.nn.Module], None]
+) -> None:
+    """The user changes the weights between the first call (selection records eager's
+    outputs) and the second (the challenger is verified): the reference is recorded again,
+    so a correct challenger passes, and every answer is eager's on the weights of its call."""
+    torch.manual_seed(0)
+    model, (ids,) = tiny_bert()
+    model.eval()
+    backend = chain(slow, "eager", eager_floor=False, challengers=[quick])
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    inputs = [ids, ids[:, :5].contiguous()]
+    _serve(compiled, model, inputs[:1], 1, mode)  # selects: slow serves
+    update(model)
+    _serve(compiled, model, inputs, 40, mode)  # call 2: quick verified, then races
+    [graph, *_] = backend.report.graphs
+    notes = [n for n in graph.notes if n.startswith("challenger quick")]
+    assert notes and "compiled and verified" in notes[0], graph.notes
+    assert "reference recorded again: weight(s) input" in notes[0], notes
+
+
 def test_symbolic_graphs_are_not_challenged_and_say_why() -> None:
     torch.manual_seed(0)
     model = MLP().eval()

@@ -248,6 +248,9 @@ class PendingPackage:
     folder: str
     configs: dict[str, Any]
     header: Header
+    # releases the folder's removal at exit (`backends.cancel.leftover`): a build still
+    # queued when the process leaves is never called, and its folder goes with it
+    release: Callable[[], None] = lambda: None
 
     def __call__(self) -> Artefact:
         """Compile the package in a child process; Unsupported with its reason on failure.
@@ -256,6 +259,7 @@ class PendingPackage:
             package = compile_in_child(self.folder, self.configs)
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
+            self.release()
         return Artefact(encode(self.header, package), reads=())
 
 
@@ -291,7 +295,8 @@ def prepare(
     except Exception as error:
         shutil.rmtree(folder, ignore_errors=True)
         raise Unsupported(f"the exported program cannot be saved: {one_line(error)}") from error
-    return PendingPackage(folder, configs, header)
+    release = cancel.leftover(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+    return PendingPackage(folder, configs, header, release)
 
 
 def offer_package(

@@ -21,7 +21,13 @@ from chain.judge.compiles import compiling, lineage
 from chain.judge.fp64 import Later
 from chain.judge.verify import Verdict, compare, compare_writes
 from chain.report.records import Attempt, Status
-from chain.select.isolation import Isolation, WeightWatch, compile_copy, fresh_copy
+from chain.select.isolation import (
+    Fingerprint,
+    Isolation,
+    WeightWatch,
+    compile_copy,
+    fresh_copy,
+)
 from chain.select.worker import (
     CompileTimeout as CompileTimeout,  # re-exported: chain.select.attempt's
 )
@@ -74,6 +80,9 @@ class Reference:
     # decision recorded it, and the float64 run kept for when the quick check is not enough
     recorded: tuple[float | None, ...] | None = None
     later: Later | None = None
+    # the shared weights' fingerprints when `outputs` were recorded, kept for work verified
+    # later: a weight changed since has them recorded again (chain.select.eager_run.current)
+    weights: dict[int, Fingerprint] = field(default_factory=dict)
 
     @property
     def runnable(self) -> bool:

@@ -10,20 +10,18 @@ from typing import Any
 import torch
 from torch import fx
 
-from backends.common.versions import version
 from backends.registry import Backend
 from chain.judge.accuracy import reduction_lengths
-from chain.judge.fp64 import Later, fp64_reference
 from chain.judge.speed import EAGER, EAGER_REF, SpeedRules
 from chain.judge.speed import timed as timed_by
 from chain.judge.timing import Timing
-from chain.judge.verify import unchanged
 from chain.report import graphinfo
 from chain.report.look import progress
 from chain.report.records import Attempt, Status
 from chain.run.graphs import GraphsStage, base_name, mark, prefer_graphed
 from chain.select.attempt import Reference, try_backend, why_not_raced
 from chain.select.concrete import concretize
+from chain.select.eager_run import eager_run
 from chain.select.isolation import Isolation
 from chain.select.regions.mix import mix
 from chain.select.timed import time_candidates
@@ -103,33 +101,16 @@ class Selection:
             return reference, notes
         watch = isolation.watch(concrete.values)
         if not unverified:
-            ran = reference.inputs()
-            base = {i: version(t) for i, t in enumerate(ran) if isinstance(t, torch.Tensor)}
-            with torch.no_grad():
-                outputs = gm(*ran)
-            if (weights := watch.check("eager (the reference run)")) is not None:
-                notes.append(
+
+            def written() -> str | None:
+                weights = watch.check("eager (the reference run)")
+                return weights and (
                     f"eager's reference run {weights}: the chain could not see "
                     "that this graph writes it"
                 )
-            fp64, later = None, None
-            if recorded is not None:  # a remembered winner: float64 only if it needs it
-                later = Later(gm, reference.inputs())
-            else:
-                fp64, note = fp64_reference(gm, reference.inputs())
-                notes += [note] if note else []
-            after = {i: ran[i] for i in reference.copied() if isinstance(ran[i], torch.Tensor)}
-            wrote = frozenset(i for i, x in after.items() if not unchanged(x, concrete.values[i]))
-            reference = dataclasses.replace(
-                reference,
-                outputs=outputs,
-                fp64=fp64,
-                after=after,
-                after_base={i: base[i] for i in after},
-                wrote=wrote,
-                recorded=recorded,
-                later=later,
-            )
+
+            reference, ran_notes = eager_run(gm, reference, recorded, written)
+            notes += ran_notes
         return dataclasses.replace(reference, watch=watch), notes
 
     # -- candidates ---------------------------------------------------------------------

@@ -50,6 +50,7 @@ from chain.run.graphs import base_name
 from chain.select import background
 from chain.select.attempt import Reference, try_backend
 from chain.select.deferred import load_verified, snapshot
+from chain.select.eager_run import current
 
 if TYPE_CHECKING:
     from chain.run.guard import GuardedGraph
@@ -198,8 +199,9 @@ class Apart:
             torch.set_grad_enabled(job.grad),
         ):
             artefact = self.build()
+            reference, again = current(job.gm, job.reference)
             loaded = load_verified(
-                self.backend, name, artefact.data, job.gm, job.inputs, job.reference,
+                self.backend, name, artefact.data, job.gm, job.inputs, reference,
                 job.options.get(self.backend.name, {}),
             )  # fmt: skip
             if loaded is None:
@@ -208,7 +210,7 @@ class Apart:
         took = time.perf_counter() - start
         where = (
             f"built in a child process in {took:.1f} s (exported at call 2 in "
-            f"{self.exported_s:.1f} s)"
+            f"{self.exported_s:.1f} s{'; ' + again if again else ''})"
         )
         if fn is None or attempt.status is not Status.WON:
             return f"challenger {name} {where}: {attempt.status}: {attempt.reason}"
@@ -225,11 +227,13 @@ def _run(job: Challenge, backend: Backend, declined: str = "") -> str:
         torch.inference_mode(job.inference),
         torch.set_grad_enabled(job.grad),
     ):
+        reference, again = current(job.gm, job.reference)
+        declined += f" ({again})" if again else ""
         attempt, fn = try_backend(
             backend,
             job.gm,
             job.inputs,
-            job.reference,
+            reference,
             options=job.options.get(base_name(name), {}),
             max_retries=0,
             timeout_s=job.timeout_s,

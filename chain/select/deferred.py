@@ -38,6 +38,7 @@ from chain.report.records import Attempt, Status
 from chain.run.guard import _FALLBACK
 from chain.select.attempt import Reference, try_backend
 from chain.select.background import pending, submit, wait
+from chain.select.eager_run import current, weights_at
 from chain.select.isolation import fresh_copy
 from chain.select.records import Records
 
@@ -119,15 +120,16 @@ class Build:
 
 def snapshot(reference: Reference) -> Reference:
     """The reference with its own copies of the activations (the caller may reuse its
-    tensors meanwhile) and no weight watch: a weight the user changes later is theirs to
-    change, and a changed weight makes the build fail verification, never restored."""
+    tensors meanwhile) and no weight watch, but the weights' fingerprints: a weight the
+    user changes later is theirs to change, and work verified after such a change records
+    the reference again on the weights as they are then (`eager_run.current`)."""
     runs = reference.runs
     if runs is not None:
         runs = tuple(
             fresh_copy(x) if i in reference.copied() and isinstance(x, torch.Tensor) else x
             for i, x in enumerate(runs)
         )
-    return dataclasses.replace(reference, runs=runs, watch=None)
+    return dataclasses.replace(reference, runs=runs, watch=None, weights=weights_at(reference))
 
 
 def load_verified(
@@ -179,28 +181,29 @@ def _run(build: Build) -> str:
                 raise cancel.Cancelled("abandoned at exit") from None
             return _failed(build, f"not built ({error.reason})")
         build_s = time.perf_counter() - start
+        reference, again = current(build.gm, build.reference)
         loaded = load_verified(
-            build.backend, build.winner, artefact.data, build.gm, build.inputs,
-            build.reference, build.options,
+            build.backend, build.winner, artefact.data, build.gm, build.inputs, reference,
+            build.options,
         )  # fmt: skip
         if loaded is None:
             return _failed(build, f"{build.winner} cannot be rebuilt from it")
         attempt, fn = loaded
         if fn is None or attempt.status is not Status.WON:
             return _failed(build, f"built, then {attempt.status}: {attempt.reason}")
-        speed = ""
-        if build.reference.runnable:
+        speed = f"; {again}" if again else ""
+        if reference.runnable:
             quiet(QUIET_S, lineage())
             rules = build.speed
             timing = measure(
                 {JIT: build.jit, "package": fn},
-                build.reference.inputs(),
+                reference.inputs(),
                 baseline=JIT,
                 budget_s=rules.budget_s * (1 + UNDECIDED_MORE),
             )["package"]
             if timing.slower:
                 return _failed(build, f"slower than the {JIT} ({timing.interval()})")
-            speed = f", {timing.interval()} as fast as the {JIT} ({timing.verdict})"
+            speed = f", {timing.interval()} as fast as the {JIT} ({timing.verdict}){speed}"
             handoff = build.handoff
             if timing.faster and handoff is not None and handoff.serve(build.jit, fn, build.winner):
                 speed += f"; it serves this process from now on, in place of the {JIT}"
