@@ -3,7 +3,8 @@ challenger is exported at the graph's second call, compiled as an AOTInductor pa
 child, loaded, verified, raced and promoted, without inductor compiling in the serving
 process; answers stay eager's, under both grad modes, with weights changed while the child
 builds (verified on the new ones) and after the promotion. A child that hangs or dies
-costs only its challenge: the model serves on. Speeds differ by design (the server sleeps 2 ms a call), so the outcome holds under load."""
+costs only its challenge: the model serves on. Speeds differ by design (the server
+sleeps 2 ms a call), so the outcome holds under load."""
 
 from __future__ import annotations
 
