@@ -2,7 +2,8 @@
 challenger is exported at the graph's second call, compiled as an AOTInductor package in a
 child, loaded, verified, raced and promoted, without inductor compiling in the serving
 process; answers stay eager's, under both grad modes, with weights changed while the child
-builds (verified on the new ones) and after the promotion. A child that hangs or dies
+builds (verified on the new ones) and after the promotion; the race settled, the package
+is stored with the decision and a warm start serves it. A child that hangs or dies
 costs only its challenge: the model serves on. Speeds differ by design (the server
 sleeps 2 ms a call), so the outcome holds under load."""
 
@@ -57,7 +58,7 @@ def _notes(backend: Any) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_inductor_built_in_a_child_is_raced_and_promoted(
-    mode: str, no_inductor_compile: list[str], monkeypatch: pytest.MonkeyPatch
+    mode: str, no_inductor_compile: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import chain.select.racing as racing
 
@@ -66,7 +67,8 @@ def test_inductor_built_in_a_child_is_raced_and_promoted(
     monkeypatch.setattr(racing, "not_decided", lambda record: None)
     torch.manual_seed(0)
     model = MLP().eval()
-    backend = chain(slow, "eager", eager_floor=False, challengers=["inductor"])
+    store = dict(memory=True, store=tmp_path / "store")
+    backend = chain(slow, "eager", eager_floor=False, challengers=["inductor"], **store)
     compiled = torch.compile(model, backend=backend)
     inputs = [torch.randn(4, 32), torch.randn(4, 32)]
     _serve(compiled, model, inputs, 2, mode)  # selects (slow serves); call 2 exports inductor
@@ -87,6 +89,16 @@ def test_inductor_built_in_a_child_is_raced_and_promoted(
     with torch.no_grad():  # the user's update: the package reads the weights as inputs
         model.net[0].weight.mul_(0.5)
     _serve(compiled, model, inputs, 20, mode)
+    # the race settles (as it does on quiet evidence): the decision is inductor's, stored
+    # with the package built for the challenge; a warm start loads it, compiling nothing
+    note = backend.recall.confirm(graph.id)
+    assert note and "inductor's artefact (built for its challenge) stored" in note, note
+    torch._dynamo.reset()
+    warm = chain(slow, "eager", eager_floor=False, challengers=["inductor"], **store)
+    _serve(torch.compile(model, backend=warm), model, inputs, 5, mode)
+    [graph] = warm.report.graphs
+    assert graph.winner == "inductor", graph
+    assert any("built from its stored artefact" in n for n in graph.notes), graph.notes
     assert no_inductor_compile == [], "inductor compiled in the serving process"
 
 

@@ -43,7 +43,7 @@ import torch
 from torch import fx
 
 from backends.errors import Unsupported, one_line
-from backends.registry import Artefact, Backend, lookup_backend
+from backends.registry import Artefact, Backend, lookup_backend, offered_artefact
 from chain.judge.compiles import compiling
 from chain.report.records import Status
 from chain.run.graphs import base_name
@@ -84,7 +84,8 @@ class Challenge:
     inputs: list[Any]
     reference: Reference
     guard: GuardedGraph
-    join: Callable[[GuardedGraph, str, Callable[..., Any]], str]  # races it; the note
+    # races it (with the artefact it was built from, if any); the note
+    join: Callable[[GuardedGraph, str, Callable[..., Any], Artefact | None], str]
     grad: bool
     inference: bool
 
@@ -97,7 +98,7 @@ def challenge(
     reference: Reference,
     guard: GuardedGraph,
     backends: list[Backend],
-    join: Callable[[GuardedGraph, str, Callable[..., Any]], str],
+    join: Callable[[GuardedGraph, str, Callable[..., Any], Artefact | None], str],
 ) -> str | None:
     """Queue the graph's challengers; the note saying why none are (None: none to try)."""
     if not backends:
@@ -214,7 +215,8 @@ class Apart:
         )
         if fn is None or attempt.status is not Status.WON:
             return f"challenger {name} {where}: {attempt.status}: {attempt.reason}"
-        return f"challenger {name} {where} and verified; {job.join(job.guard, name, fn)}"
+        joined = job.join(job.guard, name, fn, artefact)
+        return f"challenger {name} {where} and verified; {joined}"
 
 
 def _run(job: Challenge, backend: Backend, declined: str = "") -> str:
@@ -242,5 +244,5 @@ def _run(job: Challenge, backend: Backend, declined: str = "") -> str:
     took = time.perf_counter() - start
     if fn is None or attempt.status is not Status.WON:
         return f"challenger {name}{declined}: {attempt.status}: {attempt.reason}"
-    joined = job.join(job.guard, name, fn)
+    joined = job.join(job.guard, name, fn, offered_artefact(fn))
     return f"challenger {name} compiled and verified at call 2 in {took:.1f} s{declined}; {joined}"

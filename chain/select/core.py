@@ -26,6 +26,7 @@ from chain.run.watch.updates import UpdatesOften
 from chain.select import torch_modes
 from chain.select.attempt import dynamo_signal, one_line
 from chain.select.candidates import Selection
+from chain.select.challenge import AUTO, default_challengers
 from chain.select.isolation import Isolation, fresh_copy
 from chain.select.once import Once
 from chain.select.options import MODES as MODES  # re-exported: chain.select.core.MODES
@@ -135,12 +136,14 @@ class Chain:
             tolerances=tolerances, max_retries=max_retries, regions=regions,
             buckets=bucket_after is not None,
         )  # fmt: skip
-        self.recall = Remembered(self.memory, self.selection, self.records, eager_floor)
+        named = challengers if isinstance(challengers, str) else tuple(map(resolve, challengers))
+        self.recall = Remembered(
+            self.memory, self.selection, self.records, eager_floor,
+            tuple(default_challengers(names)) if named == AUTO else named,
+        )  # fmt: skip
         self.racing = RaceStage(
-            self.records, self.selection, measure,
-            challengers if isinstance(challengers, str) else tuple(map(resolve, challengers)),
-            compile_timeout_s, self.recall,
-        )  # fmt: skip  # selection going on while the graph serves (chain.select.racing)
+            self.records, self.selection, measure, named, compile_timeout_s, self.recall
+        )  # selection going on while the graph serves (chain.select.racing)
         self.serving = ServingPlan(
             self.selection, self.records, self.memory, watch=watch, reverify_rate=reverify_rate,
             bucket_after=bucket_after, max_buckets=max_buckets, max_bucket_mb=max_bucket_mb,

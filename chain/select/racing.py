@@ -18,16 +18,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from backends.registry import Backend
+from backends.registry import Artefact, Backend
 from chain.judge.race import PROMOTED, Race, RaceEvent
 from chain.judge.speed import EAGER, not_decided
 from chain.report.records import UNDECIDED, Attempt, GraphRecord, Status
+from chain.run.graphs import base_name
 from chain.run.guard import _FALLBACK
 from chain.run.race import Racer
 from chain.select.attempt import Reference, why_not_raced
 from chain.select.candidates import Selected, Selection
 from chain.select.challenge import challenge, default_challengers
-from chain.select.recall import Remembered
+from chain.select.recall import Built, Remembered
 from chain.select.records import Records
 
 if TYPE_CHECKING:
@@ -127,11 +128,22 @@ class Racing:
         noisy = won is not None and won.verdict != UNDECIDED  # decided, but on noisy timing
         self._race(guard, record.winner, contenders, noisy, f"racing at run time: {why}")
 
-    def join(self, guard: GuardedGraph, name: str, fn: Callable[..., Any]) -> str:
-        """A challenger compiled at the second call joins the race (or starts one)."""
+    def join(
+        self,
+        guard: GuardedGraph,
+        name: str,
+        fn: Callable[..., Any],
+        artefact: Artefact | None = None,
+    ) -> str:
+        """A challenger compiled at the second call joins the race (or starts one); the
+        `artefact` it was built from is stored with the decision if it wins it."""
         with _FALLBACK:
             if self.why_not or guard.buckets is not None:
                 return f"not raced ({self.why_not or 'the graph is served by shape buckets'})"
+            if artefact is not None:
+                runs = list(self.reference.runs or ())
+                built = Built(base_name(name), artefact, self.gm, runs)
+                self.stage.recall.built(self.graph_id, name, built)
             racer = guard.racer
             if racer is not None:
                 racer.fns[name] = fn

@@ -12,7 +12,7 @@ import torch
 from torch import fx
 
 from backends.errors import Unsupported
-from backends.registry import Backend, offered_later
+from backends.registry import Artefact, Backend, offered_later
 from chain.judge.speed import EAGER, not_decided
 from chain.memory import Memory, Recall, hit_note, miss_note, replay
 from chain.memory.remember import PROVISIONAL
@@ -36,6 +36,16 @@ class Pending:
     reference: Reference
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A challenger's artefact, kept to store with the decision the race settles on it."""
+
+    backend: str  # the registered backend that loads it (a CUDA graphs variant's base)
+    artefact: Artefact
+    gm: fx.GraphModule
+    inputs: list[Any]
+
+
 @dataclasses.dataclass
 class Remembered:
     """The decision store's stage of selection (chain.memory): look a graph up, compile a
@@ -45,6 +55,8 @@ class Remembered:
     selection: Selection  # compiles and verifies a remembered winner
     records: Records
     eager_floor: bool
+    # the chain's challengers: a decision the run-time race settled on one is served warm
+    challengers: tuple[Backend, ...] = ()
     # per graph id: its key, to forget a demoted winner
     _kept: dict[int, Recall] = dataclasses.field(default_factory=dict, init=False)
     _errors: dict[int, list[float | None] | None] = dataclasses.field(
@@ -56,6 +68,14 @@ class Remembered:
     # (a process that started busy gets inductor's package too), and its graph's guard
     _pending: dict[int, Pending] = dataclasses.field(default_factory=dict, init=False)
     _guards: dict[int, Any] = dataclasses.field(default_factory=dict, init=False)
+    # per graph id, per challenger: the artefact it was built from (chain.select.challenge),
+    # stored with the decision if the race settles on it
+    _built: dict[int, dict[str, Built]] = dataclasses.field(default_factory=dict, init=False)
+
+    def built(self, graph_id: int, name: str, built: Built) -> None:
+        """Challenger `name` of graph `graph_id` races, built from `built.artefact`."""
+        if self.memory is not None:
+            self._built.setdefault(graph_id, {})[name] = built
 
     def hand_over(self, graph_id: int, guard: Any) -> None:
         """Graph `graph_id`'s guard, to the artefact building for it (chain.select.deferred):
@@ -122,6 +142,13 @@ class Remembered:
         record = self.records.report.graphs[graph_id]
         failed = self.memory.remember(recall, record, self._errors.get(graph_id))
         note = failed or f"memory: {record.winner} remembered, settled by the run-time race"
+        built = self._built.pop(graph_id, {}).get(record.winner or "")
+        if built is not None and not failed:  # a challenger built apart won: its artefact
+            stored = self.memory.store_artefact(
+                recall, built.backend, built.artefact, built.gm, built.inputs
+            )
+            kept = f"memory: {built.backend}'s artefact (built for its challenge) stored"
+            return f"{note}; {stored or kept + ': a warm start loads it'}"
         pending, guard = self._pending.pop(graph_id, None), self._guards.pop(graph_id, None)
         if pending is None or failed or record.winner not in pending.fns:
             return note  # not stored, or a challenger compiled later won: no artefact here
@@ -170,10 +197,11 @@ class Remembered:
         if recall is None or (decision := recall.decision) is None:
             return None
         names = [b.name for b in self.selection.backends]
+        pool = [*self.selection.backends, *(c for c in self.challengers if c.name not in names)]
         if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
             fresh, fn = decision.winning_attempt, gm.forward
-        elif base_name(decision.winner) in names:
-            backend = self.selection.backends[names.index(base_name(decision.winner))]
+        elif base_name(decision.winner) in (pooled := [b.name for b in pool]):
+            backend = pool[pooled.index(base_name(decision.winner))]
             graphs = self.selection.graphs
             variant = backend if decision.winner == backend.name else graphs.variant(backend)
             fresh, fn, note = self._from_artefact(backend, gm, inputs, reference, recall)
