@@ -31,6 +31,7 @@ from backends.common.parts import ExportedParts, ExportRequest, Part
 from backends.errors import Unsupported
 from backends.registry import registry
 from chain.deploy.capture import capture
+from chain.deploy.mixed import mixed_parts
 from chain.deploy.stitch import stitch
 from chain.deploy.structure import structure_notes, without_sample_inputs
 from chain.judge.accuracy import reduction_lengths
@@ -38,6 +39,7 @@ from chain.judge.fp64 import fp64_reference
 from chain.judge.rounds import measure
 from chain.judge.verify import compare
 from chain.report.records import Attempt, GraphRecord, Status
+from chain.report.regions import REGIONS
 from chain.report.report import Report
 from chain.select.core import Chain
 
@@ -107,15 +109,25 @@ def export(
     with torch.no_grad():
         guard = the_chain(gm, flat)
         record = the_chain.report.graphs[guard.graph_id]
-        exported, used = _exported_parts(
-            gm,
-            tuple(flat),
-            guard.fn,
-            record,
-            frozenset(torch_executed_ops),
-            min_block_size,
-            captured.dynamic_dims,
-        )
+        summaries, mixed = None, None
+        if record.winner == REGIONS:  # each region by its backend (chain.deploy.mixed)
+            try:
+                exported, summaries = mixed_parts(
+                    guard.fn, tuple(flat), record, verify, _verify_all, captured.dynamic_dims
+                )
+                used = None
+            except Unsupported as why:
+                mixed = f"export: the mixed regions not exported ({why.reason})"
+        if record.winner != REGIONS or mixed is not None:
+            exported, used = _exported_parts(
+                gm,
+                tuple(flat),
+                guard.fn,
+                record,
+                frozenset(torch_executed_ops),
+                min_block_size,
+                captured.dynamic_dims,
+            )
         for part in exported.parts.values():
             _verify_all(part)
     stitched = stitch(exported.gm, exported.parts)
@@ -131,9 +143,10 @@ def export(
             strict=False,
         )
     _check(model, program, args, kwargs)
-    notes = [*notes, exported.note, *structure_notes(program), *without_sample_inputs(program)]
+    notes = [*notes, *([mixed] if mixed else []), exported.note, *structure_notes(program),
+             *without_sample_inputs(program)]  # fmt: skip
     the_chain.report.graphs[record.id] = dataclasses.replace(record, notes=(*record.notes, *notes))
-    summaries = [p.summary() for p in exported.parts.values()]
+    summaries = summaries or [p.summary() for p in exported.parts.values()]
     return ExportResult(program, the_chain.report, summaries, exported.fallback, notes)
 
 

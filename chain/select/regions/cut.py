@@ -60,6 +60,8 @@ class Cut:
         stitched = fx.GraphModule(self.split, self.split.graph)
         for region in self.regions:
             setattr(stitched, region.name, Call(fns[region.name], region.single))
+        # each region's own graph, for an export of the mixed graph (chain.deploy.mixed)
+        stitched.chain_regions = {r.name: (self.graphs[r.name], r.single) for r in self.regions}
         return stitched
 
     @property
