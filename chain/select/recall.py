@@ -143,13 +143,13 @@ class Remembered:
         failed = self.memory.remember(recall, record, self._errors.get(graph_id))
         note = failed or f"memory: {record.winner} remembered, settled by the run-time race"
         built = self._built.pop(graph_id, {}).get(record.winner or "")
+        pending, guard = self._pending.pop(graph_id, None), self._guards.pop(graph_id, None)
         if built is not None and not failed:  # a challenger built apart won: its artefact
             stored = self.memory.store_artefact(
                 recall, built.backend, built.artefact, built.gm, built.inputs
             )
             kept = f"memory: {built.backend}'s artefact (built for its challenge) stored"
             return f"{note}; {stored or kept + ': a warm start loads it'}"
-        pending, guard = self._pending.pop(graph_id, None), self._guards.pop(graph_id, None)
         if pending is None or failed or record.winner not in pending.fns:
             return note  # not stored, or a challenger compiled later won: no artefact here
         built = self._keep_artefact(
