@@ -19,6 +19,7 @@ from chain.deploy import CaptureError, ExportError, ExportResult, export, load
 from chain.dynamo import DEFAULT_CHAIN, chain_for, default_backends, last_chain, report_for
 from chain.report.records import Attempt, GraphRecord, Status
 from chain.report.report import Report, ReportError
+from chain.run.watch.updates import weights_changed
 from chain.select.attempt import CompileTimeout, Mismatch
 from chain.select.core import AllCandidatesFailed, Chain
 from chain.select.isolation import WeightsDamaged
@@ -71,6 +72,7 @@ __all__ = [
     "last_chain",
     "load",
     "report_for",
+    "weights_changed",
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import fx, nn
 
-from chain import chain
+from chain import chain, weights_changed
 from chain.dynamo import DEFAULT_CHAIN
 from chain.run.watch.updates import JUDGED, OFTEN_CALLS, too_often
 from chain.select.isolation import WeightsDamaged
@@ -63,6 +63,14 @@ def _lora(model: nn.Module, step: int) -> None:
         model.fc1.weight.add_(0.1 * delta.to(model.fc1.weight.device))
 
 
+def _peft_merge(model: nn.Module, step: int) -> None:
+    """As PEFT merges a LoRA adapter (`base_layer.weight.data += delta`): behind the version
+    counter, then said with `chain.weights_changed`."""
+    delta = torch.randn(32, 4) @ torch.randn(4, 16)
+    model.fc1.weight.data += 0.1 * delta.to(model.fc1.weight.device)
+    assert weights_changed(model) == len([*model.parameters(), *model.buffers()])
+
+
 def _ema(model: nn.Module, step: int) -> None:
     shadow = _new_state(model, step)
     with torch.no_grad():
@@ -75,7 +83,7 @@ def _swap(model: nn.Module, step: int) -> None:
 
 
 UPDATES = {"load_state_dict": _load, "optimizer": _optimizer, "lora_add": _lora,
-           "ema_copy": _ema, "swap_parameter": _swap}  # fmt: skip
+           "ema_copy": _ema, "swap_parameter": _swap, "peft_merge": _peft_merge}  # fmt: skip
 BACKENDS = {"onnxruntime": "onnxruntime", "callable": live, "eager": "eager"}
 
 
@@ -230,6 +238,28 @@ def test_a_write_during_the_winners_call_is_still_damage(guard_path: str) -> Non
         _load(model, 7)  # new weights of the user's: served again, by eager
         torch.testing.assert_close(compiled(x), model(x))
     assert backend.report.graphs[0].winner == "eager"
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_write_behind_the_counters_is_damage_until_said(mode: str) -> None:
+    """A `.data` merge left unsaid is taken as a backend's write: a re-verification sees it
+    and every call raises. `chain.weights_changed(model)` then makes it the user's update:
+    served again, on the merged weights."""
+    torch.manual_seed(0)
+    model = Net().eval()
+    backend = chain(live, measure=False, reverify_rate=0.5)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    x = torch.randn(3, 16)
+    context = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    with context():
+        torch.testing.assert_close(compiled(x), model(x))
+        model.fc1.weight.data += 0.5  # PEFT's merge, unsaid
+        with pytest.raises(WeightsDamaged):
+            for _ in range(500):  # until a re-verification fingerprints fc1
+                compiled(x)
+        weights_changed(model)
+        for _ in range(20):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
 
 
 def test_frequent_updates_are_weighed_against_what_the_winner_saves() -> None:

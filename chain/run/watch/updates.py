@@ -16,9 +16,11 @@ import itertools
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from backends.errors import one_line
 from chain.run.watch.stats import RunChecks, WeightUpdate
@@ -145,3 +147,25 @@ class Updates:
     def frequent(self, winner: str, refresh_s: float) -> str | None:
         """Why the updates so far make `winner`'s refreshes not worth it (None: they are)."""
         return too_often([*self.at, self.call], refresh_s, self.saved_s(winner))
+
+
+def weights_changed(model: torch.nn.Module | Iterable[torch.Tensor]) -> int:
+    """Say that `model`'s parameters and buffers (or these tensors) were written behind
+    PyTorch's version counters: through `.data`, as PEFT's `merge_adapter()` and
+    `unmerge_adapter()` do (`weight.data += delta`). Their counters are moved, so the next
+    call of every graph that reads them sees an update (refreshed where a backend froze
+    them, recorded), not damage: a write the counters do not show is otherwise taken as a
+    backend's, and every later call raises `WeightsDamaged`. Call it between calls, after
+    the write. Inference tensors keep no counter (their values are compared instead): they
+    are left as they are. How many counters moved."""
+    if isinstance(model, torch.nn.Module):
+        tensors: list[torch.Tensor] = [*model.parameters(), *model.buffers()]
+    else:
+        tensors = list(model)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        kinds = sorted({type(t).__name__ for t in tensors if not isinstance(t, torch.Tensor)})
+        raise TypeError(f"weights_changed takes a module or tensors, got {', '.join(kinds)}")
+    counted = [t for t in tensors if not t.is_inference()]
+    if counted:
+        torch.autograd.graph.increment_version(counted)
+    return len(counted)
