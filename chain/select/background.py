@@ -101,6 +101,7 @@ def at_exit() -> None:
     with _lock:
         worker = _worker
     if worker is None or not worker.is_alive():
+        cancel.abandon_children()  # none runs; a parked build's saved program is removed
         return
     bound = exit_wait_s()
     start = time.monotonic()
