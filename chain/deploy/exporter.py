@@ -109,16 +109,15 @@ def export(
     with torch.no_grad():
         guard = the_chain(gm, flat)
         record = the_chain.report.graphs[guard.graph_id]
-        summaries, mixed = None, None
+        exported, used, summaries, mixed = None, None, None, None
         if record.winner == REGIONS:  # each region by its backend (chain.deploy.mixed)
             try:
                 exported, summaries = mixed_parts(
                     guard.fn, tuple(flat), record, verify, _verify_all, captured.dynamic_dims
                 )
-                used = None
             except Unsupported as why:
                 mixed = f"export: the mixed regions not exported ({why.reason})"
-        if record.winner != REGIONS or mixed is not None:
+        if exported is None:
             exported, used = _exported_parts(
                 gm,
                 tuple(flat),

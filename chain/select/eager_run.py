@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import fx
@@ -79,15 +78,14 @@ def current(gm: fx.GraphModule, reference: Reference) -> tuple[Reference, str | 
     were fingerprinted; the note names the weights (None: unchanged)."""
     if not reference.weights or reference.outputs is None or reference.runs is None:
         return reference, None
-    runs: tuple[Any, ...] = reference.runs
+    prints = weights_at(reference)  # before the run: a change during it is seen next time
     changed = [
         i
         for i, then in reference.weights.items()
-        if (now := Fingerprint.of(runs[i])).version != then.version or not now.same_values(then)
+        if (now := prints[i]).version != then.version or not now.same_values(then)
     ]
     if not changed:
         return reference, None
-    prints = weights_at(reference)  # before the run: a change during it is seen next time
     again, notes = eager_run(gm, dataclasses.replace(reference, recorded=None, later=None))
     again = dataclasses.replace(again, weights=prints)
     names = ", ".join(reference.name(i) for i in changed[:3])
