@@ -93,8 +93,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo() -> None:
-    """Each test compiles from scratch: no graphs cached from an earlier test."""
+    """Each test compiles from scratch: no graphs cached from an earlier test, and no
+    threads seen calling them (chain.run.callers)."""
+    from chain.run import callers
+
     torch._dynamo.reset()
+    callers.reset()
 
 
 @pytest.fixture(params=["fast", "general"])

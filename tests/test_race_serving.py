@@ -164,7 +164,7 @@ def test_racing_from_four_threads_with_weights_that_change() -> None:
     backend = chain(slow, "eager", eager_floor=False, challengers=[quick])
     compiled = torch.compile(model, backend=backend)
     inputs = [torch.randn(4, 32), torch.randn(4, 32)]
-    _serve(compiled, model, inputs, 1)
+    _serve(compiled, model, inputs, 2)  # warmed up on one thread: call 2 prepares challengers
     errors: list[BaseException] = []
     lock = threading.Lock()
 

@@ -7,11 +7,13 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import fx
 
 from backends.errors import BackendExit, one_line
+from chain.run.callers import CALLERS
 from chain.run.calls import checked as _checked
 from chain.run.calls import judged as _judged
 from chain.run.precompilable import Precompilable
@@ -147,6 +149,8 @@ class GuardedGraph(Precompilable):
         return watch
 
     def __call__(self, *args: Any) -> Any:
+        if get_ident() != CALLERS.first:  # a second thread: no tracing at run time from now
+            CALLERS.another(get_ident())
         if self.damaged is not None:
             self._still_damaged()
         updates = self.updates

@@ -19,8 +19,9 @@ patches `nn.Module.__call__` and sets a tracing flag process-wide while it runs;
 thread calling the compiled model meanwhile raises ("Detected that you are using FX to
 symbolically trace a dynamo-optimized function"; seen on the first try, then the process
 ended in `std::terminate`). On the calling thread, between its own calls, nothing of this
-model runs beside it when it is served from one thread; under several serving threads it
-is the hazard any recompile has. Loading and running a built package traces nothing.
+model runs beside it while one thread serves; once a second thread has called, nothing is
+prepared (chain.run.callers: the export traces too). Loading and running a built package
+traces nothing.
 
 A challenger is verified by the chain's rule (`try_backend`) on the graph's recorded
 inputs, against its reference (float64 where selection ran it), marked as a compile (a
@@ -46,6 +47,7 @@ from backends.errors import Unsupported, one_line
 from backends.registry import Artefact, Backend, lookup_backend, offered_artefact
 from chain.judge.compiles import compiling
 from chain.report.records import Status
+from chain.run.callers import CALLERS
 from chain.run.graphs import base_name
 from chain.select import background
 from chain.select.attempt import Reference, try_backend
@@ -124,7 +126,12 @@ def challenge(
 def run(job: Challenge) -> None:
     """Prepare each challenger in turn (on the calling thread): queued to be built in a
     child where its backend can, else compiled, verified and raced here; every outcome is
-    the graph's note."""
+    the graph's note. Not beside other threads' calls: both trace the graph."""
+    if not CALLERS.alone():
+        names = ", ".join(b.name for b in job.backends)
+        background.noted(job.records, job.record_id,
+                         f"challengers not prepared ({names}): {CALLERS.why_not()}")  # fmt: skip
+        return
     for backend in job.backends:
         try:
             note, declined = _apart(job, backend)

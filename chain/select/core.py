@@ -19,6 +19,7 @@ from chain.memory import Memory, enabled_by_env
 from chain.report.records import GraphRecord, Status
 from chain.report.report import Report
 from chain.report.report_file import ReportFile
+from chain.run.callers import CALLERS
 from chain.run.graphs import GraphsStage, base_name
 from chain.run.guard import GuardedGraph
 from chain.run.watch import Demoted, TooSlow
@@ -232,9 +233,12 @@ class Chain:
         for i in Isolation.of(guard.gm, inputs).copied:
             inputs[i] = fresh_copy(inputs[i])
         reference, _ = self.selection.reference(guard.gm, inputs)
-        new, fns, eager = self.selection.run(
-            guard.gm, inputs, reference, start=guard.backend_index + 1
-        )
+        start = guard.backend_index + 1
+        if not CALLERS.alone():  # compiling traces the graph: eager, beside other threads
+            start = len(self.selection.backends)
+            self.records.note(record.id, f"later backends not compiled at run time: "
+                              f"{CALLERS.why_not()}")  # fmt: skip
+        new, fns, eager = self.selection.run(guard.gm, inputs, reference, start=start)
         won = any(a.status is Status.WON for a in new)
         if not won and base_name(failed_name) != EAGER:  # eager: always the last resort at
             new.append(floor_at_run_time(eager))  # run time, whatever the chain lists

@@ -38,6 +38,7 @@ from chain.run.buckets.racing import ShapeRace
 from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
 from chain.run.buckets.timed_against import TimedAgainst
+from chain.run.callers import CALLERS
 from chain.run.race import Raced
 from chain.run.watch import Watch
 from chain.select.timed import time_candidates
@@ -171,6 +172,9 @@ class Buckets:
                 )
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
+            if not CALLERS.alone():  # building traces the graph: not beside other threads
+                self._unbuilt(key, n, args, general.winner, CALLERS.why_not())
+                return
             bucket, fn = self._recalled(key, args, general)
             fresh, race = bucket is None, None
             if bucket is None:
@@ -207,6 +211,14 @@ class Buckets:
             return
         finally:
             self.building.release()
+
+    def _unbuilt(self, key: Key, n: int, args: Sequence[Any], general: str, why: str) -> None:
+        """`key` turned hot but is not built (`why`): the general path serves it, said once."""
+        shape = self.key.describe(args)
+        bucket = Bucket(shape, LOST, None, general, before=n, reason=f"not built: {why}")
+        self.stats.buckets.append(bucket)
+        self.done.add(key)
+        log.info("bucket %s not built: %s", shape, why)
 
     def _entry(self, bucket: Bucket, key: Key) -> dict[str, Any] | None:
         """The stored form of `key`'s bucket decided here (chain.run.buckets.remembered)."""

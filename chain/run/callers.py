@@ -1,0 +1,64 @@
+"""The threads that call the chain's graphs, process-wide: work that traces a graph at run
+time (a challenger's export or compile at a graph's second call, a hot shape's bucket) is
+done only while one thread alone has called them.
+
+Why: tracing (torch.export, and make_fx under inductor's compile and ONNX Runtime's
+exporter) patches `nn.Module.__call__` and sets torch.fx's tracing flag process-wide while
+it runs. Another thread entering a compiled model meanwhile fails dynamo's guards on that
+state and is compiled again ("Unexpected recompilation: runtime guards failed even though
+they passed during recompilation-reason analysis"): a new graph each time, up to dynamo's
+recompile limit, after which the frame runs uncompiled; or its call raises ("Detected that
+you are using FX to symbolically trace a dynamo-optimized function"). Seen: a tiny BERT
+warmed up on one thread, then served by four, compiled five graphs instead of two while a
+challenger was exported at call 2. Dynamo's own compiles carry the same hazard; the chain
+adds none at run time to a process that serves from several threads.
+
+The guard notes each call's thread (one comparison when it is the first caller's). A
+second thread, once seen, is remembered for the process: threads of a pool take turns, and
+a quiet moment says nothing of the next request.
+"""
+
+from __future__ import annotations
+
+MAX_KEPT = 64  # threads named in the note, at most
+
+
+class Callers:
+    """The first thread to call a graph of the chain, and the others seen since."""
+
+    __slots__ = ("first", "others")
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.others: set[int] = set()
+
+    def another(self, ident: int) -> None:
+        """A call from a thread that is not the first's (or the very first call)."""
+        if self.first is None:
+            self.first = ident
+        elif ident != self.first and len(self.others) < MAX_KEPT:
+            self.others.add(ident)
+
+    def alone(self) -> bool:
+        """True while every call so far came from one thread."""
+        return not self.others
+
+    def why_not(self) -> str:
+        """Why run-time tracing is not done now (for a graph's note)."""
+        n = len(self.others) + 1
+        more = "+" if len(self.others) >= MAX_KEPT else ""
+        return (
+            f"{n}{more} threads call this process's compiled graphs, and tracing at run time "
+            "changes nn.Module.__call__ and torch.fx's tracing flag process-wide: their calls "
+            "meanwhile would be recompiled by dynamo, or raise (chain.run.callers)"
+        )
+
+
+CALLERS = Callers()
+
+
+def reset() -> None:
+    """Forget the threads seen (a test's fresh start; a process that knows its threads
+    are done)."""
+    CALLERS.first = None
+    CALLERS.others = set()
