@@ -8,6 +8,7 @@ Decisions are asserted on outcomes and reasons, never on wall time."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -283,18 +284,70 @@ def test_the_html_report_draws_the_regions(tmp_path: Any) -> None:
     assert "<td>drop_a</td>" in page and "<td>drop_b</td>" in page
 
 
-def test_a_mixed_winner_is_not_remembered(tmp_path: Any) -> None:
+def _remembering(store: Any) -> Any:
     torch._dynamo.reset()
-    backend = chain(
+    return chain(
         rewrite("drop_a", (A,)), rewrite("drop_b", (B,)), mode="fastest", regions=True,
-        memory=True, store=tmp_path / "store",
+        memory=True, store=store,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("grad", [torch.no_grad, torch.inference_mode])
+def test_a_mixed_winner_is_remembered_and_a_warm_process_builds_its_plan(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, grad: Any
+) -> None:
+    """Selected once, stored with its plan; a warm start (fresh dynamo, same store) cuts the
+    graph, compiles each part under the remembered backend, verifies the whole and serves
+    it: no region tried under the other candidates, nothing timed."""
+    import chain.select.regions.mix as mix
+
+    model = TwoTowers().eval()
+    cold = _remembering(tmp_path / "store")
+    check_calls(torch.compile(model, backend=cold, dynamic=False), model, grad)
+    assert cold.report.graphs[0].winner == REGIONS
+    assert [p for p in (tmp_path / "store").rglob("*") if p.is_file()], "nothing stored"
+
+    def untried(*args: Any) -> Any:
+        raise AssertionError("a region was tried on a warm start")
+
+    monkeypatch.setattr(mix, "trial", untried)
+    monkeypatch.setattr(mix, "_timed", untried)
+    warm = _remembering(tmp_path / "store")
+    check_calls(torch.compile(model, backend=warm, dynamic=False), model, grad)
+    for record in warm.report.graphs:
+        assert record.winner == REGIONS, record.notes
+        won = record.winning_attempt
+        assert won.reason.startswith("the remembered plan: 2 parts (drop_a, drop_b)"), won
+        assert won.details["remembered"]["compiled"] is True
+        assert any("memory: hit" in n or "remembered" in n for n in record.notes), record.notes
+
+
+def test_a_remembered_plan_that_no_longer_fits_the_graph_is_selected_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph is cut into other regions than the stored plan's (a changed model, a
+    changed cut): the hit is a miss with the reason, and the graph is mixed anew."""
+    import chain.select.regions.mix as mix
+
+    model = TwoTowers().eval()
+    x = torch.randn(2, 16)
     with torch.no_grad():
-        torch.compile(TwoTowers().eval(), backend=backend, dynamic=False)(torch.randn(2, 16))
-    [record] = backend.report.graphs
-    assert record.winner == REGIONS
-    assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()], "stored"
-    assert any("mixed-regions winner is not remembered" in n for n in record.notes)
+        torch.compile(model, backend=_remembering(tmp_path / "store"), dynamic=False)(x)
+    real = mix.cut
+
+    def other_keys(gm: Any, inputs: Any) -> Any:
+        regions = real(gm, inputs)
+        first = dataclasses.replace(regions.regions[0], key="changed")
+        return dataclasses.replace(regions, regions=(first, *regions.regions[1:]))
+
+    monkeypatch.setattr(mix, "cut", other_keys)
+    warm = _remembering(tmp_path / "store")
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend=warm, dynamic=False)(x), model(x))
+    [record] = warm.report.graphs
+    notes = " | ".join(record.notes)
+    assert "other regions than the remembered plan" in notes, notes
+    assert any(a.backend == REGIONS and "remembered" not in a.reason for a in record.attempts)
 
 
 class ThreeTowers(nn.Module):

@@ -23,7 +23,7 @@ from chain.select.attempt import Reference
 from chain.select.candidates import Selected, Selection
 from chain.select.once import Reused
 from chain.select.records import Records
-from chain.select.regions.mix import REGIONS
+from chain.select.regions.mix import REGIONS, rebuilt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,11 +108,6 @@ class Remembered:
             self._kept[record.id] = recall
         self._errors[record.id] = errors
         stored = self.memory is not None and not selected.hit  # a selection ran: remember it
-        if stored and record.winner == REGIONS:  # its parts are no one artefact yet
-            stored = False
-            record = self.records.note(
-                record.id, "memory: a mixed-regions winner is not remembered (not yet supported)"
-            )
         provisional = not_decided(record) if self.eager_floor else None
         if stored and not provisional and (why := self.tie_not_kept(record)):
             stored = False
@@ -200,6 +195,8 @@ class Remembered:
         pool = [*self.selection.backends, *(c for c in self.challengers if c.name not in names)]
         if decision.winner == EAGER and EAGER not in names:  # the eager floor: no compile
             fresh, fn = decision.winning_attempt, gm.forward
+        elif decision.winner == REGIONS and (decided := decision.winning_attempt) is not None:
+            fresh, fn = rebuilt(self.selection, gm, inputs, reference, decided)  # its plan
         elif base_name(decision.winner) in (pooled := [b.name for b in pool]):
             backend = pool[pooled.index(base_name(decision.winner))]
             graphs = self.selection.graphs

@@ -126,21 +126,97 @@ def _mixed(
             f"({1000 * plan.total:.3f} ms planned): nothing to mix; the whole graph kept"
         )
         return Attempt(REGIONS, Status.SLOWER, why, details=details), None
+    stitched, details, _, wrong = _stitched(selection, gm, reference, regions, trials, plan,
+                                            details)  # fmt: skip
+    if wrong is not None:
+        return wrong, None
+    return _timed(selection, gm, reference, winner, fns, stitched, details)
+
+
+def _stitched(
+    selection: Selection,
+    gm: fx.GraphModule,
+    reference: Reference,
+    regions: Cut,
+    trials: dict[str, Trial],
+    plan: Assignment,
+    details: dict[str, Any],
+) -> tuple[Callable[..., Any], dict[str, Any], list[str], Attempt | None]:
+    """The plan's parts compiled and stitched into one callable; the details with the parts
+    and who serves each; the backend per part; the mismatch attempt when the stitched graph
+    fails end to end against the reference (None: it passed)."""
     whole, parts, served = _parts(selection, gm, reference, regions, trials, plan)
-    details["parts"] = [
+    details = {**details, "parts": [
         {"name": p.name, "path": p.path, "ops": p.ops, "backend": served[p.name]}
         for p in whole.regions
-    ]
+    ]}  # fmt: skip
     stitched = whole.with_calls(parts)
     ran = reference.inputs()
     with torch.no_grad():
-        outputs = stitched(*ran)
-    verdict = reference.verdict(outputs, ran)
+        verdict = reference.verdict(stitched(*ran), ran)
+    wrong = None
     if verdict.reason is not None:
-        why = f"end to end: {verdict.reason}"
-        return Attempt(REGIONS, Status.MISMATCH, why, error_type="Mismatch",
-                       details=details), None  # fmt: skip
-    return _timed(selection, gm, reference, winner, fns, stitched, details)
+        wrong = Attempt(REGIONS, Status.MISMATCH, f"end to end: {verdict.reason}",
+                        error_type="Mismatch", details=details)  # fmt: skip
+    return stitched, details, [served[p.name] for p in whole.regions], wrong
+
+
+def rebuilt(
+    selection: Selection,
+    gm: fx.GraphModule,
+    inputs: list[Any],
+    reference: Reference,
+    decided: Attempt,
+) -> tuple[Attempt, Callable[..., Any] | None]:
+    """A remembered mixed-regions winner (`decided`, its stored attempt) compiled again: the
+    graph cut as it was, each part under the backend the plan gave it, verified end to end
+    against the reference; nothing tried on the regions, nothing timed. A graph cut
+    differently, a backend not in the chain, or a mismatch: (the attempt, None)."""
+    start = time.perf_counter()
+    try:
+        with _apart_from_dynamo():
+            attempt, fn = _rebuilt(selection, gm, inputs, reference, decided.details)
+    except Declined as why:
+        attempt, fn = Attempt(REGIONS, Status.UNSUPPORTED, str(why)), None
+    except Exception as exc:  # a failure is a record (selection runs), never the graph's crash
+        if selection.speed.strict:
+            raise
+        attempt = failed_attempt(REGIONS, Status.COMPILE_ERROR, exc, "mixing failed: ")
+        fn = None
+    return dataclasses.replace(attempt, compile_s=time.perf_counter() - start), fn
+
+
+def _rebuilt(
+    selection: Selection,
+    gm: fx.GraphModule,
+    inputs: list[Any],
+    reference: Reference,
+    details: dict[str, Any],
+) -> tuple[Attempt, Callable[..., Any] | None]:
+    if concretize(inputs).symbolic:
+        raise Declined("symbolic sizes (dynamic=True): regions are cut on static graphs only")
+    if not reference.runnable or reference.unverified:
+        raise Declined(reference.unverified or "the graph cannot be run here")
+    rows = details.get("regions")
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("key"), str) and isinstance(r.get("backend"), str)
+        for r in rows
+    ):
+        raise Declined("the remembered plan cannot be read (no regions with keys and backends)")
+    regions = cut(gm, reference.inputs())
+    if [r.key for r in regions.regions] != [r["key"] for r in rows]:
+        raise Declined("the graph is cut into other regions than the remembered plan's")
+    backends = tuple(r["backend"] for r in rows)
+    names = {b.name for b in selection.backends} | {EAGER}
+    if missing := sorted(set(backends) - names):
+        raise Declined(f"the remembered plan names backends not in this chain: {missing}")
+    plan = Assignment(backends, float(details.get("planned_ms") or 0.0) / 1000, 0.0)
+    stitched, kept, served, wrong = _stitched(selection, gm, reference, regions, {}, plan,
+                                              details)  # fmt: skip
+    if wrong is not None:
+        return wrong, None
+    why = f"the remembered plan: {len(served)} parts ({', '.join(served)}), verified end to end"
+    return Attempt(REGIONS, Status.WON, why, details=kept), stitched
 
 
 def _with_eager(t: Trial, sub: fx.GraphModule) -> Fns:
@@ -191,7 +267,7 @@ def _parts(
         backend, region = plan.backends[i], regions.regions[i]
         sub, alone = whole.submodule(part), regions.submodule(region)
         served[part.name] = backend
-        reuse = groups.count(g) == 1 and tried[region.key] == region.name
+        reuse = groups.count(g) == 1 and tried[region.key] == region.name and region.key in trials
         if backend == EAGER:
             fns[part.name] = sub.forward
         elif reuse and _placeholders(sub) == _placeholders(alone):
