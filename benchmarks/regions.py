@@ -13,6 +13,8 @@ One thread (torch.set_num_threads, ONNX Runtime's intra_op_num_threads) unless t
 variant timed side by side in interleaved rounds (shuffled order, `--calls` calls a round,
 medians), no_grad.
 Compile time: the first call's wall time (dynamo, selection, compiles, verification).
+"mixed, warm start": a second chain on the decision store the mixed run kept (its plan
+rebuilt: each part compiled under its remembered backend, verified, nothing tried or timed).
 Single backends run unverified (verify=False): a peer's speed whether or not it passes the
 chain's accuracy rule (ONNX Runtime alone fails it on the dual encoder's outputs here).
 The figures are this machine's at this load: the load average is printed before and after.
@@ -27,8 +29,10 @@ import argparse
 import copy
 import os
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -210,12 +214,18 @@ def run(name: str, backends: list[str], rounds: int, calls: int, threads: int) -
         runs[b], compile_s[b] = compiled(model, args, single)
     whole = chain(*backends, "eager", mode="fastest", **fresh(backends, threads))
     runs["whole-graph winner"], compile_s["whole-graph winner"] = compiled(model, args, whole)
-    mixed = chain(*backends, "eager", mode="fastest", regions=True, **fresh(backends, threads))
+    store = tempfile.mkdtemp(prefix="regions-store-")  # the mixed decision, for a warm start
+    stored = {**fresh(backends, threads), "memory": True, "store": store}
+    mixed = chain(*backends, "eager", mode="fastest", regions=True, **stored)
     runs["mixed"], compile_s["mixed"] = compiled(model, args, mixed)
+    warm = chain(*backends, "eager", mode="fastest", regions=True, **stored)
+    runs["mixed, warm start"], compile_s["mixed, warm start"] = compiled(model, args, warm)
+    shutil.rmtree(store, ignore_errors=True)
     med = timed(runs, args, rounds, calls)
     best = min(backends, key=lambda b: med[b])
     print(f"  whole-graph: {outcome(whole)}")
     print(f"  mixed: {outcome(mixed)}")
+    print(f"  mixed, warm start (the same store): {outcome(warm)}")
     print(f"  {'variant':22}{'compile s':>11}{'median ms':>11}{'x best single':>15}")
     for key in runs:
         print(f"  {key:22}{compile_s[key]:11.1f}{med[key]:11.3f}{med[best] / med[key]:15.2f}")
