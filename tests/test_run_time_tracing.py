@@ -186,3 +186,27 @@ def test_a_fallback_beside_other_threads_serves_eager_without_compiling() -> Non
     assert graph.winner == "eager", graph.attempts
     assert compiled_next == [], "the chain's next backend was compiled beside other threads"
     assert "later backends not compiled at run time" in " | ".join(graph.notes)
+
+
+def test_tracing_is_allowed_while_one_thread_calls_or_inside_dynamos_compile() -> None:
+    """`may_trace`: true while one thread alone has called; after a second thread's call,
+    false at run time but true inside a backend's compile (dynamo's compiling flag is up:
+    a package export there is as safe as torch's own compiles)."""
+    model = MLP().eval()
+    compiled = torch.compile(model, backend=chain("eager"))
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        compiled(x)
+    assert callers.may_trace()
+    thread = threading.Thread(target=lambda: compiled(x).sum().item())
+    thread.start()
+    thread.join(60)
+    assert not callers.may_trace() and "2 threads call" in callers.CALLERS.why_not()
+    seen: list[bool] = []
+
+    def recording(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        seen.append(callers.may_trace())
+        return gm.forward
+
+    torch.compile(lambda y: y * 3, backend=recording)(x)
+    assert seen == [True]

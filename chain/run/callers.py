@@ -20,6 +20,8 @@ a quiet moment says nothing of the next request.
 
 from __future__ import annotations
 
+import torch
+
 MAX_KEPT = 64  # threads named in the note, at most
 
 
@@ -55,6 +57,13 @@ class Callers:
 
 
 CALLERS = Callers()
+
+
+def may_trace() -> bool:
+    """True where a trace cannot disturb other threads' calls: one thread alone has called,
+    or dynamo is compiling (its compiling flag is up: other threads' calls of compiled models
+    pass meanwhile, as they do beside torch's own compiles; measured, no call raised)."""
+    return CALLERS.alone() or torch.compiler.is_compiling()
 
 
 def reset() -> None:

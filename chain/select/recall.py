@@ -17,6 +17,7 @@ from chain.judge.speed import EAGER, not_decided
 from chain.memory import Memory, Recall, hit_note, miss_note, replay
 from chain.memory.remember import PROVISIONAL
 from chain.report.records import Attempt, GraphRecord, Status
+from chain.run.callers import CALLERS, may_trace
 from chain.run.graphs import base_name
 from chain.select import deferred
 from chain.select.attempt import Reference
@@ -294,6 +295,8 @@ class Remembered:
             return f"memory: {backend.name}'s package not built: {why}"
         if backend.native_artefacts and (why := self.memory.native_refusal(recall)):
             return f"memory: {backend.name}'s package not built: it could not be loaded ({why})"
+        if not may_trace():  # after a race settled it, in a call: other threads are calling
+            return f"memory: {backend.name}'s package not built: {CALLERS.why_not()}"
         start = time.perf_counter()
         try:  # its part on this thread (inductor: the export); the build runs later
             build = later()

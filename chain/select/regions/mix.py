@@ -96,10 +96,7 @@ def _mixed(
     fns: Fns,
 ) -> tuple[Attempt, Callable[..., Any] | None]:
     """The `regions` attempt and its callable (None: it failed before it could run)."""
-    if concretize(inputs).symbolic:
-        raise Declined("symbolic sizes (dynamic=True): regions are cut on static graphs only")
-    if not reference.runnable or reference.unverified:
-        raise Declined(reference.unverified or "the graph cannot be run here")
+    _applies(inputs, reference)
     regions = cut(gm, reference.inputs())
     if len(regions.regions) < 2:
         raise Declined("one region: nothing to mix")
@@ -193,10 +190,7 @@ def _rebuilt(
     reference: Reference,
     details: dict[str, Any],
 ) -> tuple[Attempt, Callable[..., Any] | None]:
-    if concretize(inputs).symbolic:
-        raise Declined("symbolic sizes (dynamic=True): regions are cut on static graphs only")
-    if not reference.runnable or reference.unverified:
-        raise Declined(reference.unverified or "the graph cannot be run here")
+    _applies(inputs, reference)
     rows = details.get("regions")
     if not isinstance(rows, list) or not all(
         isinstance(r, dict) and isinstance(r.get("key"), str) and isinstance(r.get("backend"), str)
@@ -217,6 +211,14 @@ def _rebuilt(
         return wrong, None
     why = f"the remembered plan: {len(served)} parts ({', '.join(served)}), verified end to end"
     return Attempt(REGIONS, Status.WON, why, details=kept), stitched
+
+
+def _applies(inputs: list[Any], reference: Reference) -> None:
+    """Declined unless the graph has static sizes and its reference runs."""
+    if concretize(inputs).symbolic:
+        raise Declined("symbolic sizes (dynamic=True): regions are cut on static graphs only")
+    if not reference.runnable or reference.unverified:
+        raise Declined(reference.unverified or "the graph cannot be run here")
 
 
 def _with_eager(t: Trial, sub: fx.GraphModule) -> Fns:
