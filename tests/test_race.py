@@ -129,3 +129,50 @@ def test_race_stats_round_trip() -> None:
     assert "onnxruntime serves" in str(back) and "promoted" in str(back)
     with pytest.raises(TypeError, match="race should be an object"):
         RaceStats.from_dict([1])
+
+
+def test_a_challenger_cold_from_the_calls_it_did_not_serve_is_timed_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cache model: a contender whose own last run is more than two runs back pays 2 ms
+    on top of its time (its weights and code out of the caches). The server runs every call,
+    the challenger only in pairs; the challenger is 2x faster warm. Timed as served, it is
+    promoted, not retired for the caches the server keeps warm (chain.run.race)."""
+    import torch
+
+    from chain.run.race import Racer
+    from tests.clock import VirtualClock
+
+    clock = VirtualClock(tick_s=0.0).install(monkeypatch, "chain.run.race")
+    monkeypatch.setattr("chain.run.race.busy_now", lambda: False)
+    monkeypatch.setattr("chain.run.race.compiles_running", lambda: ())
+    runs: list[str] = []
+
+    def contender(name: str, warm_s: float) -> object:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            cold = name not in runs[-2:]
+            runs.append(name)
+            clock.sleep(warm_s + (2e-3 if cold else 0.0))
+            return x * 2
+
+        return run
+
+    fns = {"server": contender("server", 1e-3), "challenger": contender("challenger", 0.5e-3)}
+    r = Race("server", ["challenger"])
+    events: list[race.RaceEvent] = []
+    racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
+    x = torch.ones(3)
+    for _ in range(20_000):
+        if r.over:
+            break
+        serving = fns[r.stats.server]
+        if (name := r.due()) is not None:
+            racer.run_server(serving, name, (x,))
+        else:
+            serving(x)
+    assert [(e.what, e.backend) for e in events] == [
+        ("promoted", "challenger"),
+        ("retired", "server"),
+    ], events
+    assert "faster: 2.00x the server" in events[0].why
+    assert "not faster: 0.50x the server" in events[1].why
