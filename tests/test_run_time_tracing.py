@@ -210,3 +210,47 @@ def test_tracing_is_allowed_while_one_thread_calls_or_inside_dynamos_compile() -
 
     torch.compile(lambda y: y * 3, backend=recording)(x)
     assert seen == [True]
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_frozen_weight_update_beside_other_threads_is_served_without_a_trace(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONNX Runtime froze the weights; the user loads new ones once a second thread has
+    called. Its refresh may not re-export (a trace): it updates initializers or fails with
+    the reason, and eager serves; every answer is on the new weights."""
+    import backends.common.onnx_export as onnx_export
+
+    torch.manual_seed(0)
+    model, (ids,) = tiny_bert()
+    model.eval()
+    backend = chain("onnxruntime", "eager")
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    context = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    with context():
+        compiled(ids)
+    other = threading.Thread(target=lambda: _call(compiled, ids, context))
+    other.start()
+    other.join(120)
+    assert not callers.may_trace()
+    traced: list[int] = []
+    capture = onnx_export._capture
+    monkeypatch.setattr(onnx_export, "_capture",
+                        lambda *a, **k: traced.append(1) or capture(*a, **k))  # fmt: skip
+    with torch.no_grad():
+        model.load_state_dict({k: v * 0.9 if v.is_floating_point() else v
+                               for k, v in model.state_dict().items()})  # fmt: skip
+    for _ in range(3):
+        with context():
+            got = compiled(ids).last_hidden_state
+            want = model(ids).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert traced == [], "re-exported beside another thread"
+    [graph] = backend.report.graphs
+    said = " | ".join([*graph.notes, *(a.reason for a in graph.attempts)])
+    assert graph.winner == "onnxruntime" or "would trace the graph" in said, said
+
+
+def _call(compiled: Any, ids: torch.Tensor, context: Any) -> None:
+    with context():
+        compiled(ids)

@@ -234,12 +234,15 @@ class OrtRunner:
             if changes:
                 self._weights_changed(changes[0][0], changes[0][1], args, changes, False)
 
-    def chain_refresh(self, args: Sequence[Any], force: bool = False) -> str | None:
+    def chain_refresh(
+        self, args: Sequence[Any], force: bool = False, trace: bool = True
+    ) -> str | None:
         """The weights in `args` into the session before the next answer (the chain calls
         this when it sees them change between calls): how it was done, or None when
         nothing frozen changed (`force`: changed by value with no counter moved, as
-        through `.data`: every frozen weight is taken as changed).
-        FrozenWeightChanged under `on_weight_change="raise"`."""
+        through `.data`: every frozen weight is taken as changed). FrozenWeightChanged
+        under `on_weight_change="raise"`, and where only a re-export would do and `trace`
+        is False (other threads call: a trace changes torch for all of them)."""
         with self._lock:
             changes = self._frozen.all_changed(self._frozen_args(args))
             if force and not changes:
@@ -248,7 +251,7 @@ class OrtRunner:
             if not changes and not moved:
                 return None
             first = changes[0] if changes else (moved[0], "a different value")
-            return self._weights_changed(first[0], first[1], args, changes, bool(moved))
+            return self._weights_changed(first[0], first[1], args, changes, bool(moved), trace)
 
     def _weights_changed(
         self,
@@ -257,21 +260,24 @@ class OrtRunner:
         args: Sequence[Any],
         changes: Sequence[tuple[int, str]] = (),
         scalars: bool = True,
+        trace: bool = True,
     ) -> str:
         """Refresh the session on `args`' weights: initializer values where every changed
-        one kept its initializer and that measured cheaper, else a re-export."""
+        one kept its initializer and that measured cheaper (or `trace` is False), else a
+        re-export (never with `trace` False: FrozenWeightChanged)."""
         message = f"frozen weight (graph input {position}) changed after export ({how})"
         if self._on_change == "raise" or self._rebuild is None:
             raise FrozenWeightChanged(message + "; compile again to pick it up")
         refresher = self.refresher
         changed = [i for i, _ in changes]
         start = time.perf_counter()
-        if (
-            self._update is not None
-            and not scalars
-            and refresher.can_update(changed)
-            and refresher.prefer_update()
-        ):
+        updatable = self._update is not None and not scalars and refresher.can_update(changed)
+        if not updatable and not trace:
+            raise FrozenWeightChanged(
+                f"{message}; a re-export would trace the graph while other threads call "
+                "compiled models (it changes torch for all of them): not done"
+            )
+        if updatable and (refresher.prefer_update() or not trace):
             refresher.dirty.update(changed)
             self._use(self._update(args, refresher))
             refresher.update_s = time.perf_counter() - start

@@ -39,9 +39,12 @@ class CompiledGraph:
         if payload is not None:
             self.chain_payload = payload
 
-    def chain_refresh(self, args: Sequence[Any], force: bool = False) -> str | None:
+    def chain_refresh(
+        self, args: Sequence[Any], force: bool = False, trace: bool = True
+    ) -> str | None:
         """The weights in `args` into the engines before the next answer: the graph built
-        again on them; None when no frozen weight changed (`force`: changed by value)."""
+        again on them; None when no frozen weight changed (`force`: changed by value).
+        `trace` False (other threads call): a rebuild traces the graph, so it raises."""
         stale = force or any(
             id(args[i]) != self._frozen_ids[i] or _version(args[i]) != self._versions[i]
             for i in self.frozen
@@ -50,6 +53,11 @@ class CompiledGraph:
             return None
         if self.rebuild is None:
             raise RuntimeError("weights changed and this TensorRT graph cannot be rebuilt")
+        if not trace:
+            raise RuntimeError(
+                "weights changed; rebuilding traces the graph while other threads call "
+                "compiled models (it changes torch for all of them): not done"
+            )
         new = self.rebuild(list(args))
         self.gm, self.frozen = new.gm, new.frozen
         self._versions, self._frozen_ids = new._versions, new._frozen_ids

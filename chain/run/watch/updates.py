@@ -2,8 +2,10 @@
 
 The guard asks `Updates.seen` before each call (`Weights.same`: the weights' identities and
 counters). On an update the winner answers on the new weights: a backend that froze them
-(a compiled callable with `chain_refresh(args) -> str | None`, as ONNX Runtime's runner)
-refreshes first, and the refresh is timed; one that reads them live serves as is, and its
+(a compiled callable with `chain_refresh(args, force=False, trace=True) -> str | None`, as
+ONNX Runtime's runner) refreshes first, and the refresh is timed (`trace=False` once other
+threads call: a refresh that would trace the graph again, a re-export, raises instead and
+the chain falls back; chain.run.callers); one that reads them live serves as is, and its
 first `VERIFY_AFTER` updates are followed by a re-verification of the next call (a backend
 that froze the weights without saying so is caught then, and that call is answered by the
 next). When updates come so often that refreshing costs more than the winner saves over
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from backends.errors import one_line
+from chain.run.callers import may_trace
 from chain.run.watch.stats import RunChecks, WeightUpdate
 from chain.run.watch.watch import Demoted, Watch
 from chain.run.watch.weights import Weights
@@ -135,7 +138,7 @@ class Updates:
             return UpdatesOften(self.call, why)
         start = time.perf_counter()
         try:
-            how = refresh(args, force=True) if force else refresh(args)
+            how = refresh(args, force=force, trace=may_trace())
         except Exception as exc:  # the winner's failure, recorded; the next one serves
             self.record(winner, changed, Refresh(f"failed to refresh: {one_line(exc)}", 0.0))
             return exc
