@@ -176,3 +176,39 @@ def test_a_challenger_cold_from_the_calls_it_did_not_serve_is_timed_warm(
     ], events
     assert "faster: 2.00x the server" in events[0].why
     assert "not faster: 0.50x the server" in events[1].why
+
+
+def test_a_challenger_that_froze_the_weights_refreshes_before_its_pair_untimed() -> None:
+    """Its `chain_refresh` runs before each pair with `trace` as the process allows: true
+    while one thread calls; once another has, false, and a refresh that must trace raises:
+    the challenger leaves the race with that reason (chain.run.callers)."""
+    import threading
+
+    import torch
+
+    from chain.run import callers
+    from chain.run.race import NOT_RACED, Racer
+
+    seen: list[bool] = []
+
+    class Frozen:
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        def chain_refresh(self, args: object, force: bool = False, trace: bool = True) -> None:
+            seen.append(trace)
+            if not trace:
+                raise RuntimeError("a re-export would trace the graph")
+
+    r = Race("server", ["frozen"])
+    events: list[race.RaceEvent] = []
+    racer = Racer(r, {"frozen": Frozen()}, (), lambda e, fn: events.append(e))
+    x = torch.ones(3)
+    callers.reset()
+    callers.CALLERS.another(threading.get_ident())  # this thread calls alone
+    assert racer.run_server(lambda t: t * 2, "frozen", (x,)) is not NOT_RACED
+    callers.CALLERS.another(threading.get_ident() + 1)  # a second thread has called
+    assert racer.run_server(lambda t: t * 2, "frozen", (x,)) is NOT_RACED
+    assert seen == [True, False]
+    assert [e.what for e in events] == ["dropped"]
+    assert "refreshing its frozen weights" in events[0].why

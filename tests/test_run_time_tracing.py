@@ -6,6 +6,7 @@ shapes are not built, and a fallback serves eager without compiling; one thread 
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -97,9 +98,11 @@ def test_threads_after_one_call_are_served_with_nothing_traced_beside_them(
         buckets = [b for g in backend.report.graphs if g.buckets for b in g.buckets.buckets]
         assert buckets and all("threads call" in b.reason for b in buckets), buckets
     else:
-        assert "challengers not prepared (inductor)" in notes, notes
+        assert re.search(r"challengers not prepared \((eager, )?inductor\)", notes), notes
         assert "threads call this process's compiled graphs" in notes
-    assert all(g.race is None for g in backend.report.graphs)
+    assert all(
+        g.race is None or "inductor" not in g.race.challengers for g in backend.report.graphs
+    )
 
 
 def _serve_from_threads(model: torch.nn.Module, backend: Any, mode: str, dynamic: bool) -> None:

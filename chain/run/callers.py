@@ -19,7 +19,7 @@ a quiet moment says nothing of the next request.
 
 from __future__ import annotations
 
-import torch
+import sys
 
 MAX_KEPT = 64  # threads named in the note, at most
 
@@ -51,7 +51,7 @@ class Callers:
         return (
             f"{n}{more} threads call this process's compiled graphs, and tracing at run time "
             "changes nn.Module.__call__ and torch.fx's tracing flag process-wide: their calls "
-            "meanwhile would be recompiled by dynamo, or raise (chain.run.callers)"
+            "of compiled models meanwhile would raise (chain.run.callers)"
         )
 
 
@@ -60,9 +60,19 @@ CALLERS = Callers()
 
 def may_trace() -> bool:
     """True where a trace cannot disturb other threads' calls: one thread alone has called,
-    or dynamo is compiling (its compiling flag is up: other threads' calls of compiled models
-    pass meanwhile, as they do beside torch's own compiles; measured, no call raised)."""
-    return CALLERS.alone() or torch.compiler.is_compiling()
+    or this thread is inside dynamo's compile (it holds dynamo's compile lock, so no other
+    thread compiles, and dynamo's compiling flag is up: other threads' calls of compiled
+    models pass meanwhile, as beside torch's own compiles; measured, none raised)."""
+    return CALLERS.alone() or _compiling_here()
+
+
+def _compiling_here() -> bool:
+    """Whether this thread holds dynamo's compile lock (torch._dynamo.convert_frame's, a
+    private name; False where torch has none). Not `torch.compiler.is_compiling()`: that
+    flag is process-wide, true on every thread while any one compiles."""
+    lock = getattr(sys.modules.get("torch._dynamo.convert_frame"), "compile_lock", None)
+    owned = getattr(lock, "_is_owned", None)
+    return bool(owned is not None and owned())
 
 
 def reset() -> None:

@@ -27,6 +27,7 @@ from backends.errors import BackendExit, one_line
 from chain.judge.compiles import compiles_running
 from chain.judge.race import PROMOTED, Pair, Race, RaceEvent, busy_now
 from chain.judge.verify import compare
+from chain.run.callers import may_trace
 
 if TYPE_CHECKING:
     from chain.run.guard import Active
@@ -83,7 +84,9 @@ class Racer:
         for i in self.copied:
             inputs[i] = inputs[i].detach().clone()
         try:
-            _, _, failed = self._challenge(fn, inputs)  # untimed: its caches, as the server's
+            failed = _refreshed(fn, inputs)  # frozen weights the user changed, untimed
+            if failed is None:
+                _, _, failed = self._challenge(fn, inputs)  # untimed: caches, as the server's
             if failed is not None:
                 pass  # dropped below; the usual path answers
             elif self.race.server_first():
@@ -126,6 +129,20 @@ class Racer:
         except SystemExit as exc:
             return None, 0.0, f"raised {one_line(BackendExit(exc))}"
         return out, took, None
+
+
+def _refreshed(fn: Callable[..., Any], inputs: Sequence[Any]) -> str | None:
+    """A challenger that froze the weights takes the user's new ones before its pair, as the
+    server does before its call (chain.run.watch.updates): outside the timed part, and with
+    no trace beside other threads (`trace=False`: it raises instead). Why it failed, or None."""
+    refresh = getattr(fn, "chain_refresh", None)
+    if refresh is None:
+        return None
+    try:
+        refresh(inputs, trace=may_trace())
+    except Exception as exc:
+        return f"raised {one_line(exc)} (refreshing its frozen weights)"
+    return None
 
 
 def _nothing() -> None:
