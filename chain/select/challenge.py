@@ -47,7 +47,7 @@ from backends.errors import Unsupported, one_line
 from backends.registry import Artefact, Backend, lookup_backend, offered_artefact
 from chain.judge.compiles import compiling
 from chain.report.records import Status
-from chain.run.callers import CALLERS
+from chain.run.callers import CALLERS, may_trace
 from chain.run.graphs import base_name
 from chain.select import background
 from chain.select.attempt import Reference, try_backend
@@ -127,7 +127,7 @@ def run(job: Challenge) -> None:
     """Prepare each challenger in turn (on the calling thread): queued to be built in a
     child where its backend can, else compiled, verified and raced here; every outcome is
     the graph's note. Not beside other threads' calls: both trace the graph."""
-    if not CALLERS.alone():
+    if not may_trace():
         names = ", ".join(b.name for b in job.backends)
         background.noted(job.records, job.record_id,
                          f"challengers not prepared ({names}): {CALLERS.why_not()}")  # fmt: skip

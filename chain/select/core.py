@@ -19,7 +19,7 @@ from chain.memory import Memory, enabled_by_env
 from chain.report.records import GraphRecord, Status
 from chain.report.report import Report
 from chain.report.report_file import ReportFile
-from chain.run.callers import CALLERS
+from chain.run.callers import CALLERS, may_trace
 from chain.run.graphs import GraphsStage, base_name
 from chain.run.guard import GuardedGraph
 from chain.run.watch import Demoted, TooSlow
@@ -234,7 +234,7 @@ class Chain:
             inputs[i] = fresh_copy(inputs[i])
         reference, _ = self.selection.reference(guard.gm, inputs)
         start = guard.backend_index + 1
-        if not CALLERS.alone():  # compiling traces the graph: eager, beside other threads
+        if not may_trace():  # compiling traces the graph: eager, beside other threads
             start = len(self.selection.backends)
             self.records.note(record.id, f"later backends not compiled at run time: "
                               f"{CALLERS.why_not()}")  # fmt: skip

@@ -38,7 +38,7 @@ from chain.run.buckets.racing import ShapeRace
 from chain.run.buckets.remembered import Remembered, entry
 from chain.run.buckets.shapes import Key, ShapeKey, specialize
 from chain.run.buckets.timed_against import TimedAgainst
-from chain.run.callers import CALLERS
+from chain.run.callers import CALLERS, may_trace
 from chain.run.race import Raced
 from chain.run.watch import Watch
 from chain.select.timed import time_candidates
@@ -172,7 +172,7 @@ class Buckets:
                 )
             if full and victim is not None and uses[victim[0]] >= n:
                 return  # the least used bucket is used as much: try again later
-            if not CALLERS.alone():  # building traces the graph: not beside other threads
+            if not may_trace():  # building traces the graph: not beside other threads
                 self._unbuilt(key, n, args, general.winner, CALLERS.why_not())
                 return
             bucket, fn = self._recalled(key, args, general)
