@@ -201,8 +201,9 @@ def test_a_second_process_hits_the_cache_without_probing(tmp_path: Path) -> None
 
 # -- a stale or planted verdict heals (issue 44, item 5) ----------------------------------
 
-# A compiler that cannot build AVX2 code (as an old one cannot build what the CPU lists):
-# g++ behind a script that refuses -mavx2, or, as `broken`, every compile.
+# A compiler that cannot build the picked ISA's code (as an old one cannot build what the CPU
+# lists): g++ behind a script that refuses its first flag (-mavx2, -mavx512f), or, as
+# `broken`, every compile.
 _COMPILER = """#!/bin/sh
 for arg in "$@"; do
   case "$arg" in
@@ -259,9 +260,12 @@ def _heal(tmp_path: Path, refused: str) -> dict[str, object]:
 def test_a_planted_true_verdict_heals(tmp_path: Path) -> None:
     from torch._inductor import cpu_vec_isa as isa
 
-    if "avx2" not in isa.x86_isa_checker():
-        pytest.skip("this CPU lists no AVX2: the planted verdict changes nothing here")
-    got = _heal(tmp_path, "-mavx2*")
+    picked = isa.pick_vec_isa()
+    if not picked or not picked.build_arch_flags().strip():
+        pytest.skip("inductor picks no vector ISA here: the planted verdict changes nothing")
+    # the compiler refuses the ISA inductor picks on this CPU (AVX2, AVX-512...): only the
+    # planted verdict lets it try that one without a probe
+    got = _heal(tmp_path, picked.build_arch_flags().split()[0] + "*")
     assert got["error"] is None and got["right"], got  # compiled again without the verdict
     assert got["kept"] is not True, got  # and the verdict dropped from the file
 

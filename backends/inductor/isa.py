@@ -180,10 +180,7 @@ def compile_healed(
             where,
             one_line(error)[:200],
         )
-        from torch._inductor import cpu_vec_isa
-
-        # inductor keeps the valid ISAs for the process: those the verdict declared valid
-        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        _forget_probes()
         try:
             return compile_fn(dict(patches)), dict(patches)
         except Exception as again:
@@ -194,6 +191,21 @@ def compile_healed(
             if isinstance(again, Unsupported):
                 raise Unsupported(said) from again
             raise RuntimeError(said) from again
+
+
+def _forget_probes() -> None:
+    """Inductor keeps what the verdict declared for the process: the valid ISA list, and
+    each ISA's own answer (AVX-512's and AMX's `__bool__` are cached per instance; seen: a
+    retry on an AVX-512 CPU still built AVX-512 code). Every such cache is cleared, so the
+    retry probes."""
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    for cls in vars(cpu_vec_isa).values():
+        if isinstance(cls, type) and issubclass(cls, cpu_vec_isa.VecISA):
+            for attr in vars(cls).values():
+                if callable(clear := getattr(attr, "cache_clear", None)):
+                    clear()
 
 
 def stable(
