@@ -190,6 +190,8 @@ def _rebuilt(
     reference: Reference,
     details: dict[str, Any],
 ) -> tuple[Attempt, Callable[..., Any] | None]:
+    """`rebuilt`'s work: the stored plan read and checked against the graph's cut (Declined
+    with the reason when it does not fit), the parts compiled, stitched and verified."""
     _applies(inputs, reference)
     rows = details.get("regions")
     if not isinstance(rows, list) or not all(
