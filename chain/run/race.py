@@ -83,21 +83,19 @@ class Racer:
         inputs = list(args)
         for i in self.copied:
             inputs[i] = inputs[i].detach().clone()
-        try:
-            failed = _refreshed(fn, inputs)  # frozen weights the user changed, untimed
-            if failed is None:
-                _, _, failed = self._challenge(fn, inputs)  # untimed: caches, as the server's
-            if failed is not None:
-                pass  # dropped below; the usual path answers
-            elif self.race.server_first():
-                out, server_s = self._timed(server, args)
-                got, challenger_s, failed = self._challenge(fn, inputs)
-            else:
-                server(*args)  # untimed: its own run two calls before its timed one, too
-                got, challenger_s, failed = self._challenge(fn, inputs)
-                out, server_s = self._timed(server, args)
-        except Exception:  # the server's failure: the usual path calls it again and recovers
-            return NOT_RACED
+        # untimed, neither raises: frozen weights the user changed, then its caches warmed
+        failed = _refreshed(fn, inputs) or self._challenge(fn, inputs)[2]
+        if failed is None:  # else dropped below; the usual path answers
+            try:
+                if self.race.server_first():
+                    out, server_s = self._timed(server, args)
+                    got, challenger_s, failed = self._challenge(fn, inputs)
+                else:
+                    server(*args)  # untimed: its own run two calls before its timed one too
+                    got, challenger_s, failed = self._challenge(fn, inputs)
+                    out, server_s = self._timed(server, args)
+            except Exception:  # the server's failure: the usual path calls it and recovers
+                return NOT_RACED
         n = self.race.calls
         if failed is None:
             failed = compare(out, got, self.tolerances, layout=False).reason
