@@ -138,6 +138,44 @@ def test_a_faster_challenger_compiled_later_is_promoted(mode: str, tmp_path: Pat
     assert graph.race.race_s <= RATE * graph.race.served_s + 0.05  # its share, plus a pair
 
 
+def costly_at_first(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A twin of eager whose first 4 runs take 0.3 s each more: a CUDA graph tree recording,
+    triton autotuning its kernels (on an H200 those starved the race of pairs)."""
+    seen = [0]
+
+    def run(*args: Any) -> Any:
+        seen[0] += 1
+        if seen[0] <= 4:
+            time.sleep(0.3)
+        return gm.forward(*args)
+
+    return run
+
+
+def test_a_challengers_first_runs_are_its_compiles_not_the_races(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the default 2% budget, a challenger's costly first runs are paid when it joins
+    (warmed up, untimed, in its note), so its pairs come at the usual pace and it is promoted.
+    Charged to the race, 1.2 s at 2% would space the next pair 60 s of serving away."""
+    monkeypatch.setattr(race, "RATE", 0.02)
+    monkeypatch.setattr(race, "PROVISIONAL_RATE", 0.01)
+    torch.manual_seed(0)
+    model = MLP().eval()
+    backend = chain(slow, "eager", eager_floor=False, challengers=[costly_at_first])
+    compiled = torch.compile(model, backend=backend)
+    inputs = [torch.randn(4, 32), torch.randn(4, 32)]
+    _serve(compiled, model, inputs, 2)
+    _serve(compiled, model, inputs, MAX_CALLS, until=lambda: _events(backend, "promoted"))
+    [graph] = backend.report.graphs
+    assert any("costly_at_first" in n and "warmed up by 3 runs" in n for n in graph.notes), (
+        graph.notes
+    )
+    promoted = _events(backend, "promoted")
+    assert promoted and promoted[0].backend in ("costly_at_first", "eager"), graph.race
+    assert graph.race is not None and graph.race.race_s < 0.3, graph.race  # no first run in it
+
+
 @pytest.mark.parametrize(
     ("challenger", "why"),
     [(wrong_after(3), "answered differently from the server"), (raises_after, "raised")],
