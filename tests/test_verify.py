@@ -261,3 +261,17 @@ def test_onnxruntime_keeps_convnexts_channels_last_output() -> None:
             assert channels_last(want) and channels_last(got)
     assert [g.winner for g in c.report.graphs] == ["onnxruntime", "onnxruntime"]
     assert not [f for g in c.report.graphs if g.watch for f in g.watch.failures]
+
+
+@pytest.mark.cuda
+def test_compare_on_cuda_decides_as_on_the_cpu() -> None:
+    """Without float64 references, outputs on the GPU are compared there (a race pair's
+    check); the verdicts are the CPU's: equal, slightly off within tolerance, 1% off, NaN."""
+    torch.manual_seed(0)
+    exp = torch.randn(64, 1000)
+    for act in (exp.clone(), exp + 1e-7, exp * 1.01, exp.masked_fill(exp > 2, float("nan"))):
+        on_cpu = compare(exp, act, layout=False)
+        on_gpu = compare(exp.cuda(), act.cuda(), layout=False)
+        assert on_gpu.reason == on_cpu.reason, (on_gpu, on_cpu)
+        assert on_gpu.max_abs_err == pytest.approx(on_cpu.max_abs_err)
+    assert compare(exp.cuda(), (exp * 1.01).cuda(), layout=False).reason is not None
