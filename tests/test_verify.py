@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from chain import Chain, Status, chain
 from chain.judge import accuracy
 from chain.judge.fp64 import fp64_graph, run_fp64
-from chain.judge.verify import channels_last, compare
+from chain.judge.verify import TOLERANCES, channels_last, compare
 from chain.report import graphinfo
 from tests import faults
 from tests.models import build, build_extra
@@ -275,3 +275,28 @@ def test_compare_on_cuda_decides_as_on_the_cpu() -> None:
         assert on_gpu.reason == on_cpu.reason, (on_gpu, on_cpu)
         assert on_gpu.max_abs_err == pytest.approx(on_cpu.max_abs_err)
     assert compare(exp.cuda(), (exp * 1.01).cuda(), layout=False).reason is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tolerance_check_counts_as_isclose_does(dtype: torch.dtype) -> None:
+    """Under tolerances the check takes one difference (fast on a GPT-2's logits); its
+    verdict and count of values not close are isclose's, its error the float64 one, on
+    perturbations each side of the tolerance, values near zero, and new NaN and inf."""
+    torch.manual_seed(0)
+    rtol, atol = TOLERANCES[dtype]
+    exp = torch.randn(4096, dtype=dtype) * torch.logspace(-6, 3, 4096, dtype=dtype)
+    for scale in (0.0, 0.3, 0.9, 1.1, 3.0):
+        noise = torch.randn_like(exp).sign() * (atol + rtol * exp.abs()) * scale
+        for act in (exp + noise, (exp + noise).index_fill(0, torch.tensor([7]), float("nan")),
+                    (exp + noise).index_fill(0, torch.tensor([9]), float("inf"))):  # fmt: skip
+            verdict = compare(exp, act, layout=False)
+            close = torch.isclose(act, exp, rtol=rtol, atol=atol)
+            if not torch.isfinite(act).all():
+                assert verdict.reason is not None and "where eager has none" in verdict.reason
+                continue
+            wrong = int((~close).sum())
+            assert (verdict.reason is None) == (wrong == 0), (scale, verdict)
+            if wrong:
+                assert f"{wrong} of 4096 values not close" in str(verdict.reason)
+            err = float((exp.double() - act.double()).abs().max())
+            assert verdict.max_abs_err == pytest.approx(err, rel=1e-6, abs=1e-12)

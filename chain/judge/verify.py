@@ -108,6 +108,15 @@ def compare(
                 wrong = int((exp_c != act_c).sum())
                 return Verdict(f"output {i}: {wrong} of {exp_c.numel()} values differ", None)
             continue
+        rtol, atol = tol.get(exp.dtype, (0.0, 0.0))
+        quick = ref_leaves is None and recorded is None and exp.dtype in _QUICK
+        close_err = _close_err(exp_c, act_c, rtol, atol) if quick else None
+        if close_err is not None:  # under tolerances, all finite: one pass less than below
+            err, wrong = close_err
+            biggest = max(biggest, err)
+            if wrong:
+                return Verdict(_not_close(i, wrong, exp_c.numel(), err, rtol, atol), biggest)
+            continue
         if _all_finite(exp_c) and _all_finite(act_c):  # the usual case: no masks to build
             err = float((exp_c.double() - act_c.double()).abs().max()) if exp_c.numel() else 0.0
         else:
@@ -142,17 +151,40 @@ def compare(
             if not result.passed:
                 return Verdict(result.reason(), biggest, result)
             continue
-        rtol, atol = tol.get(exp.dtype, (0.0, 0.0))
         close = torch.isclose(act_c, exp_c, rtol=rtol, atol=atol, equal_nan=True)
         if not close.all():
             wrong = int((~close).sum())
-            return Verdict(
-                f"output {i}: {wrong} of {close.numel()} values not close, max abs err "
-                f"{err:.3g} (rtol={rtol:g}, atol={atol:g})",
-                biggest,
-                worst,
-            )
+            return Verdict(_not_close(i, wrong, close.numel(), err, rtol, atol), biggest, worst)
     return Verdict(None, biggest, worst)
+
+
+# dtypes whose difference is exact enough in their own precision for `_close_err`
+_QUICK = (torch.float32, torch.float64)
+
+
+def _close_err(
+    exp: torch.Tensor, act: torch.Tensor, rtol: float, atol: float
+) -> tuple[float, int] | None:
+    """The max abs error and how many values are not close (isclose's rule, |act - exp| <=
+    atol + rtol * |exp|), from one difference; None where a value is not finite (NaN
+    propagates through max, inf makes it inf). A GPT-2's logits (64 x 50257, 1 thread):
+    about 20 ms against 129 for the finite checks, a float64 difference and isclose."""
+    if not exp.numel():
+        return 0.0, 0
+    diff = (act - exp).abs()
+    err = float(diff.max())
+    if err != err or err == float("inf"):
+        return None
+    if err <= atol:  # close everywhere, whatever |exp| is
+        return err, 0
+    return err, int((diff > atol + rtol * exp.abs()).sum())
+
+
+def _not_close(i: int, wrong: int, n: int, err: float, rtol: float, atol: float) -> str:
+    return (
+        f"output {i}: {wrong} of {n} values not close, max abs err {err:.3g} "
+        f"(rtol={rtol:g}, atol={atol:g})"
+    )
 
 
 def _worse(worst: OutputError | None, result: OutputError) -> OutputError:
