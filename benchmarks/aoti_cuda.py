@@ -8,8 +8,10 @@ Models: an MLP and a tiny transformers BERT, at batch 4. CUDA only: without a GP
 
 Seen on an H200 (torch 2.11.0+cu130, 2026-11-27, MLP): the build works; the loader with
 device index 0 segfaults in its constructor, also from a private copy; aoti_load_package
-was still in inductor's CPU ISA probe after 30 s (PROBE_HANG_S=30) and was stopped. The
-routes with index -1 and after torch's device probe were not tried yet.
+was still in inductor's CPU ISA probe after 30 s (PROBE_HANG_S=30) and was stopped.
+Again on 2026-11-28 (H200, same torch): the build works; every load route ends in SIGSEGV
+(-11): the loader with index 0 and -1, after torch's device probe, from a private copy, and
+aoti_load_package.
 
     python benchmarks/aoti_cuda.py [--out DIR]
 """

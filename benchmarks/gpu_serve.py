@@ -24,18 +24,22 @@ import torch
 from chain import DEFAULT_CHAIN, chain
 
 
-def build(name: str, device: str) -> tuple[torch.nn.Module, torch.Tensor]:
+def build(name: str, device: str, layers: int, hidden: int) -> tuple[torch.nn.Module, torch.Tensor]:
     """A model from its config (random weights) on `device` and its input ids."""
     torch.manual_seed(0)
     if name == "bert_base":
         from transformers import BertConfig, BertModel
 
-        model = BertModel(BertConfig())  # bert-base's shape: 12 layers, hidden 768
+        model = BertModel(
+            BertConfig(
+                num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 64
+            )
+        )
         ids = torch.randint(0, 30522, (8, 128))
     else:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        model = GPT2LMHeadModel(GPT2Config(n_layer=12))
+        model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=hidden, n_head=hidden // 64))
         ids = torch.randint(0, 50257, (1, 64))
     return model.eval().to(device), ids.to(device)
 
@@ -59,8 +63,9 @@ def per_call_ms(fn: Callable[..., Any], ids: torch.Tensor, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def serve(name: str, calls: int, rounds: int, block: int, device: str) -> None:
-    model, ids = build(name, device)
+def serve(name: str, args: argparse.Namespace) -> None:
+    calls, rounds, block = args.calls, args.rounds, args.block
+    model, ids = build(name, args.device, args.layers, args.hidden)
     backend = chain(*DEFAULT_CHAIN)  # mode "first", challengers "auto"
     kw: dict[str, Any] = {"use_cache": False} if name == "gpt2" else {}
     models = {k: copy.deepcopy(model) for k in ("eager", "reduce-overhead", "chain")}
@@ -108,13 +113,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--layers", type=int, default=12, help="12: bert-base's and GPT-2's")
+    parser.add_argument("--hidden", type=int, default=768, help="heads: hidden / 64")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_serve: no CUDA device here")
     print(torch.__version__, torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu")
     for name in args.models:
-        serve(name, args.calls, args.rounds, args.block, args.device)
+        serve(name, args)
 
 
 if __name__ == "__main__":
