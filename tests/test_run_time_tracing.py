@@ -216,19 +216,21 @@ def test_tracing_is_allowed_while_one_thread_calls_or_inside_dynamos_compile() -
     assert seen == [True]
 
 
+@pytest.mark.parametrize("watch", [True, False], ids=["checks", "no_checks"])
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 def test_a_frozen_weight_update_beside_other_threads_is_served_without_a_trace(
-    mode: str, monkeypatch: pytest.MonkeyPatch
+    mode: str, watch: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ONNX Runtime froze the weights; the user loads new ones once a second thread has
     called. Its refresh may not re-export (a trace): it updates initializers or fails with
-    the reason, and eager serves; every answer is on the new weights."""
+    the reason, and eager serves; every answer is on the new weights. With the run-time
+    checks off (`watch=False`) the runner notices the change itself, under the same rule."""
     import backends.common.onnx_export as onnx_export
 
     torch.manual_seed(0)
     model, (ids,) = tiny_bert()
     model.eval()
-    backend = chain("onnxruntime", "eager")
+    backend = chain("onnxruntime", "eager", watch=watch)
     compiled = torch.compile(model, backend=backend, dynamic=False)
     context = torch.inference_mode if mode == "inference_mode" else torch.no_grad
     with context():

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from backends.common import tracing
 from backends.common.onnx_export import OnnxGraph
 from backends.onnxruntime.artefact import to_artefact
 from backends.onnxruntime.frozen import Frozen, _version
@@ -209,7 +210,8 @@ class OrtRunner:
             if args[i].item() != number:
                 with self._lock:
                     if args[i].item() != dict(self._scalars).get(i, number):
-                        self._weights_changed(i, "a different value", args)
+                        trace = tracing.may_trace()
+                        self._weights_changed(i, "a different value", args, trace=trace)
                 break
         if self._cpu:
             feeds = {name: args[i].numpy() for name, i in self._feeds}
@@ -232,7 +234,8 @@ class OrtRunner:
         with self._lock:
             changes = self._frozen.all_changed(self._frozen_args(args))
             if changes:
-                self._weights_changed(changes[0][0], changes[0][1], args, changes, False)
+                trace = tracing.may_trace()  # not beside other threads' calls
+                self._weights_changed(changes[0][0], changes[0][1], args, changes, False, trace)
 
     def chain_refresh(
         self, args: Sequence[Any], force: bool = False, trace: bool = True

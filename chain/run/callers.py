@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import sys
 
+from backends.common import tracing
+
 MAX_KEPT = 64  # threads named in the note, at most
 
 
@@ -64,6 +66,9 @@ def may_trace() -> bool:
     thread compiles, and dynamo's compiling flag is up: other threads' calls of compiled
     models pass meanwhile, as beside torch's own compiles; measured, none raised)."""
     return CALLERS.alone() or _compiling_here()
+
+
+tracing.set_rule(may_trace)  # the backends' own run-time traces follow the same rule
 
 
 def _compiling_here() -> bool:
