@@ -300,3 +300,20 @@ def test_tolerance_check_counts_as_isclose_does(dtype: torch.dtype) -> None:
                 assert f"{wrong} of 4096 values not close" in str(verdict.reason)
             err = float((exp.double() - act.double()).abs().max())
             assert verdict.max_abs_err == pytest.approx(err, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_near_eager_from_one_difference_is_the_float64_figure(dtype: torch.dtype) -> None:
+    """The run-time check's distance and scale (summed in float64 from one difference) are
+    the figures of float64 copies, to 1e-6; with a NaN both leave it out alike."""
+    torch.manual_seed(0)
+    eager = (torch.randn(64, 999) * 3).to(dtype)
+    candidate = (eager.float() * (1 + 1e-3 * torch.randn(64, 999))).to(dtype)
+    for cand in (candidate, candidate.index_fill(1, torch.tensor([5]), float("nan"))):
+        got = accuracy.near_eager(0, eager, cand, 1e-3)
+        e, c = eager.double(), cand.double()
+        keep = torch.isfinite(c)
+        distance = float((e[keep] - c[keep]).square().mean().sqrt())
+        scale = float(e[keep].square().mean().sqrt())
+        assert got.error == pytest.approx(distance, rel=1e-6)
+        assert got.eager_error == pytest.approx(1e-3 * scale, rel=1e-6)
