@@ -120,6 +120,19 @@ def captioner() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     )
 
 
+def whisper() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """Whisper's encoder: a convolutional front end (two conv1d over 80 mel bins, 1,000
+    frames) and a small transformer over the 500 positions it leaves."""
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(
+        d_model=64, encoder_layers=4, encoder_attention_heads=2, encoder_ffn_dim=128,
+        max_source_positions=500, num_mel_bins=80,
+    )  # fmt: skip
+    return WhisperEncoder(config), (torch.randn(1, 80, 1000),)
+
+
 def gpt2() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """A uniform control: a small GPT-2 (256 tokens)."""
     from transformers import GPT2Config, GPT2Model
@@ -150,6 +163,7 @@ class _Positional(torch.nn.Module):
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "dual": dual,
     "captioner": captioner,
+    "whisper": whisper,
     "bert": bert,
     "gpt2": gpt2,
     "resnet": resnet,
