@@ -162,7 +162,7 @@ def test_a_challenger_cold_from_the_calls_it_did_not_serve_is_timed_warm(
     events: list[race.RaceEvent] = []
     racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
     x = torch.ones(3)
-    for _ in range(20_000):
+    for _ in range(60_000):
         if r.over:
             break
         serving = fns[r.stats.server]
@@ -176,6 +176,53 @@ def test_a_challenger_cold_from_the_calls_it_did_not_serve_is_timed_warm(
     ], events
     assert "faster: 2.00x the server" in events[0].why
     assert "not faster: 0.50x the server" in events[1].why
+
+
+def test_a_challenger_whose_threads_sleep_between_its_runs_is_timed_as_it_serves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread model: the challenger (an AOTInductor package's OpenMP threads) pays 1 ms
+    unless its own run was the one just before; the server (ONNX Runtime, no spinning)
+    does not. The challenger is 2x faster served alone. Timed right after the other's run
+    it reads 0.67x and retires; each timed run right after its own untimed one, it is
+    promoted (chain.run.race: at 2 torch threads a T5 encoder's race stayed undecided)."""
+    import torch
+
+    from chain.run.race import Racer
+    from tests.clock import VirtualClock
+
+    clock = VirtualClock(tick_s=0.0).install(monkeypatch, "chain.run.race")
+    monkeypatch.setattr("chain.run.race.busy_now", lambda: False)
+    monkeypatch.setattr("chain.run.race.compiles_running", lambda: ())
+    runs: list[str] = []
+
+    def contender(name: str, warm_s: float, wake_s: float) -> object:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            asleep = runs[-1:] != [name]
+            runs.append(name)
+            clock.sleep(warm_s + (wake_s if asleep else 0.0))
+            return x * 2
+
+        return run
+
+    fns = {
+        "server": contender("server", 1e-3, 0.0),
+        "challenger": contender("challenger", 0.5e-3, 1e-3),
+    }
+    r = Race("server", ["challenger"])
+    events: list[race.RaceEvent] = []
+    racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
+    x = torch.ones(3)
+    for _ in range(20_000):
+        if r.over:
+            break
+        serving = fns[r.stats.server]
+        if (name := r.due()) is not None:
+            racer.run_server(serving, name, (x,))
+        else:
+            serving(x)
+    assert [(e.what, e.backend) for e in events][:1] == [("promoted", "challenger")], events
+    assert "faster: 2.00x the server" in events[0].why
 
 
 def test_a_challenger_that_froze_the_weights_refreshes_before_its_pair_untimed() -> None:

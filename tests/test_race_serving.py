@@ -157,7 +157,8 @@ def test_a_challengers_first_runs_are_its_compiles_not_the_races(
 ) -> None:
     """At the default 2% budget, a challenger's costly first runs are paid when it joins
     (warmed up, untimed, in its note), so its pairs come at the usual pace and it is promoted.
-    Charged to the race, 1.2 s at 2% would space the next pair 60 s of serving away."""
+    Charged to the race, 1.2 s at 2% would space the next pair 60 s of serving away (not
+    promoted in 6,000 calls)."""
     monkeypatch.setattr(race, "RATE", 0.02)
     monkeypatch.setattr(race, "PROVISIONAL_RATE", 0.01)
     torch.manual_seed(0)
@@ -166,14 +167,17 @@ def test_a_challengers_first_runs_are_its_compiles_not_the_races(
     compiled = torch.compile(model, backend=backend)
     inputs = [torch.randn(4, 32), torch.randn(4, 32)]
     _serve(compiled, model, inputs, 2)
-    _serve(compiled, model, inputs, MAX_CALLS, until=lambda: _events(backend, "promoted"))
+    _serve(compiled, model, inputs, 2 * MAX_CALLS, until=lambda: _events(backend, "promoted"))
     [graph] = backend.report.graphs
     assert any("costly_at_first" in n and "warmed up by 3 runs" in n for n in graph.notes), (
         graph.notes
     )
     promoted = _events(backend, "promoted")
     assert promoted and promoted[0].backend in ("costly_at_first", "eager"), graph.race
-    assert graph.race is not None and graph.race.race_s < 0.3, graph.race  # no first run in it
+    # its share, plus a pair or two; a first run in it alone would be 0.3 s
+    assert graph.race is not None and graph.race.race_s < 0.02 * graph.race.served_s + 0.1, (
+        graph.race
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,15 @@ reason, and the guard's usual path (its checks, its recovery) answers the call a
 promotion switches the guard to the challenger (`on_event`). Graphs that write their
 inputs are not raced (the server's writes would need undoing before the challenger runs).
 
-Each timed run comes right after the other contender's run, with its own previous run two
-calls back: the challenger runs once untimed first (and the server too, when it is timed
-second). Otherwise the server, which ran every call, is timed with its weights and code in
-the caches, and the challenger, which ran 50 calls ago, without: on a small T5 encoder that
-alone made an AOTInductor package faster than ONNX Runtime read as "0.58x the server", and
-it retired.
+Each timed run comes right after its own untimed run, as when that contender serves alone:
+its weights and code in the caches, its threads awake. Otherwise the server, which ran every
+call, is timed warm and the challenger, which ran 50 calls ago, cold: on a small T5 encoder
+(1 torch thread) that alone made an AOTInductor package faster than ONNX Runtime read as
+"0.58x the server", and it retired. A first fix ran each contender two runs before its timed
+one, the other's run between: at 2 torch threads the race then stayed undecided after 364
+pairs (the package 0.186 ms in both orders, ONNX Runtime 0.146 or 0.228 ms by order), where
+timed in blocks the package took 0.141 ms and ONNX Runtime 0.194. The extra untimed runs
+count in the race's cost.
 """
 
 from __future__ import annotations
@@ -83,16 +86,17 @@ class Racer:
         inputs = list(args)
         for i in self.copied:
             inputs[i] = inputs[i].detach().clone()
-        # untimed, neither raises: frozen weights the user changed, then its caches warmed
-        failed = _refreshed(fn, inputs) or self._challenge(fn, inputs)[2]
+        # untimed, never raises: frozen weights the user changed
+        failed = _refreshed(fn, inputs)
         if failed is None:  # else dropped below; the usual path answers
-            try:
+            try:  # each timed run right after its own untimed one, as when it serves alone
                 if self.race.server_first():
+                    server(*args)
                     out, server_s = self._timed(server, args)
-                    got, challenger_s, failed = self._challenge(fn, inputs)
+                    got, challenger_s, failed = self._warm_challenge(fn, inputs)
                 else:
-                    server(*args)  # untimed: its own run two calls before its timed one too
-                    got, challenger_s, failed = self._challenge(fn, inputs)
+                    got, challenger_s, failed = self._warm_challenge(fn, inputs)
+                    server(*args)
                     out, server_s = self._timed(server, args)
             except Exception:  # the server's failure: the usual path calls it and recovers
                 return NOT_RACED
@@ -115,6 +119,13 @@ class Racer:
         out = fn(*args)
         self.sync()
         return out, time.perf_counter() - start
+
+    def _warm_challenge(
+        self, fn: Callable[..., Any], inputs: list[Any]
+    ) -> tuple[Any, float, str | None]:
+        """The challenger run once untimed, then timed: `_challenge`'s answer."""
+        failed = self._challenge(fn, inputs)[2]
+        return (None, 0.0, failed) if failed is not None else self._challenge(fn, inputs)
 
     def _challenge(
         self, fn: Callable[..., Any], inputs: list[Any]
