@@ -4,6 +4,7 @@ retirement, hysteresis, noisy evidence kept provisional, the cost bound, no flap
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -140,7 +141,6 @@ def test_a_challenger_cold_from_the_calls_it_did_not_serve_is_timed_warm(
     promoted, not retired for the caches the server keeps warm (chain.run.race)."""
     import torch
 
-    from chain.run.race import Racer
     from tests.clock import VirtualClock
 
     clock = VirtualClock(tick_s=0.0).install(monkeypatch, "chain.run.race")
@@ -158,18 +158,7 @@ def test_a_challenger_cold_from_the_calls_it_did_not_serve_is_timed_warm(
         return run
 
     fns = {"server": contender("server", 1e-3), "challenger": contender("challenger", 0.5e-3)}
-    r = Race("server", ["challenger"])
-    events: list[race.RaceEvent] = []
-    racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
-    x = torch.ones(3)
-    for _ in range(60_000):
-        if r.over:
-            break
-        serving = fns[r.stats.server]
-        if (name := r.due()) is not None:
-            racer.run_server(serving, name, (x,))
-        else:
-            serving(x)
+    events = _serve_racing(fns, 60_000)
     assert [(e.what, e.backend) for e in events] == [
         ("promoted", "challenger"),
         ("retired", "server"),
@@ -188,7 +177,6 @@ def test_a_challenger_whose_threads_sleep_between_its_runs_is_timed_as_it_serves
     promoted (chain.run.race: at 2 torch threads a T5 encoder's race stayed undecided)."""
     import torch
 
-    from chain.run.race import Racer
     from tests.clock import VirtualClock
 
     clock = VirtualClock(tick_s=0.0).install(monkeypatch, "chain.run.race")
@@ -209,18 +197,7 @@ def test_a_challenger_whose_threads_sleep_between_its_runs_is_timed_as_it_serves
         "server": contender("server", 1e-3, 0.0),
         "challenger": contender("challenger", 0.5e-3, 1e-3),
     }
-    r = Race("server", ["challenger"])
-    events: list[race.RaceEvent] = []
-    racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
-    x = torch.ones(3)
-    for _ in range(20_000):
-        if r.over:
-            break
-        serving = fns[r.stats.server]
-        if (name := r.due()) is not None:
-            racer.run_server(serving, name, (x,))
-        else:
-            serving(x)
+    events = _serve_racing(fns, 20_000)
     assert [(e.what, e.backend) for e in events][:1] == [("promoted", "challenger")], events
     assert "faster: 2.00x the server" in events[0].why
 
@@ -259,3 +236,25 @@ def test_a_challenger_that_froze_the_weights_refreshes_before_its_pair_untimed()
     assert seen == [True, False]
     assert [e.what for e in events] == ["dropped"]
     assert "refreshing its frozen weights" in events[0].why
+
+
+def _serve_racing(fns: dict[str, Any], calls: int) -> list[race.RaceEvent]:
+    """Serve `calls` calls as the guard does, the server racing "challenger" on the calls
+    the race samples, until the race is over; its events."""
+    import torch
+
+    from chain.run.race import Racer
+
+    r = Race("server", ["challenger"])
+    events: list[race.RaceEvent] = []
+    racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
+    x = torch.ones(3)
+    for _ in range(calls):
+        if r.over:
+            break
+        serving = fns[r.stats.server]
+        if (name := r.due()) is not None:
+            racer.run_server(serving, name, (x,))
+        else:
+            serving(x)
+    return events
