@@ -258,3 +258,32 @@ def _serve_racing(fns: dict[str, Any], calls: int) -> list[race.RaceEvent]:
         else:
             serving(x)
     return events
+
+
+@pytest.mark.parametrize(("once", "server_runs"), [(False, 4), (True, 2)])
+def test_a_graph_with_in_place_writes_runs_its_server_once_a_pair(
+    once: bool, server_runs: int
+) -> None:
+    """Each timed run follows its own untimed run, except the server's where the graph has
+    in-place writes (raced because they changed nothing at selection): there it runs once
+    a pair, in both orders, so a write that accumulates is never applied twice."""
+    import torch
+
+    from chain.run.race import Racer
+
+    calls = {"server": 0, "challenger": 0}
+
+    def contender(name: str) -> Any:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            calls[name] += 1
+            return x * 2
+
+        return run
+
+    fns = {name: contender(name) for name in calls}
+    racer = Racer(Race("server", ["challenger"]), fns, (0,), lambda e, fn: None, once=once)
+    x = torch.ones(3)
+    for _ in range(2):  # both orders: server_first() follows the turn's parity
+        racer.race._turn += 1
+        assert racer.run_server(fns["server"], "challenger", (x,)) is not None
+    assert calls == {"server": server_runs, "challenger": 4}, calls

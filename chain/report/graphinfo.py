@@ -120,20 +120,53 @@ _OPERATOR_WRITES = frozenset(
 
 def mutates_inputs(gm: fx.GraphModule) -> bool:
     """Whether any op writes in place (so eager must run on cloned inputs)."""
-    for node in gm.graph.nodes:
-        if node.op == "call_method" and str(node.target).endswith("_"):
+    return any(_writes(node) for node in gm.graph.nodes)
+
+
+# ops whose output may be a view of their first operand: a write to it writes there
+_VIEWS = frozenset(
+    {"view", "reshape", "transpose", "permute", "expand", "expand_as", "view_as", "unsqueeze",
+     "squeeze", "narrow", "select", "flatten", "unflatten", "t", "as_strided", "getitem",
+     "__getitem__", "split", "chunk", "unbind", "diagonal", "detach", "contiguous", "movedim",
+     "swapaxes", "unfold", "slice", "alias", "_unsafe_view"}
+)  # fmt: skip
+
+
+def writes_placeholders(gm: fx.GraphModule) -> bool:
+    """Whether an op writes in place to an input of the graph or a view of one (writes to
+    the graph's own intermediates do not count)."""
+    return any(
+        _writes(node) and node.args and _from_placeholder(node.args[0]) for node in gm.graph.nodes
+    )
+
+
+def _from_placeholder(arg: Any) -> bool:
+    """Whether `arg` is a placeholder, or a view of one through `_VIEWS`."""
+    while isinstance(arg, fx.Node):
+        if arg.op == "placeholder":
             return True
-        if node.op == "call_function":
-            target = node.target
-            if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
-                return True
-            name = getattr(target, "__name__", "")
-            if getattr(target, "__module__", None) in ("_operator", "operator"):
-                if name in _OPERATOR_WRITES:
-                    return True
-            elif name.endswith("_") and not name.endswith("__"):
-                return True
+        target = arg.target
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        name = str(name).split(".")[0]  # aten overloads: view.default
+        if arg.op not in ("call_method", "call_function") or name not in _VIEWS or not arg.args:
+            return False
+        arg = arg.args[0]
     return False
+
+
+def _writes(node: fx.Node) -> bool:
+    """Whether `node` writes in place to its first operand (or any, for mutable aten ops)."""
+    if node.op == "call_method":
+        return str(node.target).endswith("_")
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        return True
+    name = getattr(target, "__name__", "")
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        return name in _OPERATOR_WRITES
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _spec(value: Any) -> dict[str, Any]:

@@ -52,7 +52,7 @@ DIFFERED = "answered differently from the server"
 class Racer:
     """The race of one graph and the compiled callables of its contenders."""
 
-    __slots__ = ("copied", "fns", "on_event", "race", "sync", "tolerances")
+    __slots__ = ("copied", "fns", "on_event", "once", "race", "sync", "tolerances")
 
     def __init__(
         self,
@@ -62,8 +62,13 @@ class Racer:
         on_event: Callable[[RaceEvent, Callable[..., Any] | None], None],
         tolerances: dict[torch.dtype, tuple[float, float]] | None = None,
         cuda: bool = False,
+        once: bool = False,
     ) -> None:
         self.race = race
+        # the server runs once a pair, timed without its untimed run first: a graph with
+        # in-place writes raced because they changed nothing at selection, in case a later
+        # call's write accumulates (run twice, it would be applied twice)
+        self.once = once
         self.fns = fns
         self.copied = tuple(copied)  # the activations: a challenger runs on copies of them
         self.on_event = on_event  # the chain records each event; a promotion switches
@@ -91,12 +96,14 @@ class Racer:
         if failed is None:  # else dropped below; the usual path answers
             try:  # each timed run right after its own untimed one, as when it serves alone
                 if self.race.server_first():
-                    server(*args)
+                    if not self.once:
+                        server(*args)
                     out, server_s = self._timed(server, args)
                     got, challenger_s, failed = self._warm_challenge(fn, inputs)
                 else:
                     got, challenger_s, failed = self._warm_challenge(fn, inputs)
-                    server(*args)
+                    if not self.once:
+                        server(*args)
                     out, server_s = self._timed(server, args)
             except Exception:  # the server's failure: the usual path calls it and recovers
                 return NOT_RACED

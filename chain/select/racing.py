@@ -21,6 +21,7 @@ from torch import fx
 from backends.registry import Artefact, Backend
 from chain.judge.race import PROMOTED, Race, RaceEvent
 from chain.judge.speed import EAGER, not_decided
+from chain.report import graphinfo
 from chain.report.records import UNDECIDED, Attempt, GraphRecord, Status
 from chain.run.graphs import base_name
 from chain.run.guard import _FALLBACK
@@ -187,7 +188,10 @@ class Racing:
                 if race.over:
                     guard.racer = None
 
-        guard.racer = Racer(race, contenders, copied, on_event, self.reference.tolerances, cuda)
+        once = graphinfo.writes_placeholders(self.gm)  # writes that changed nothing then
+        guard.racer = Racer(
+            race, contenders, copied, on_event, self.reference.tolerances, cuda, once
+        )
 
 
 def _record(records: Records, graph_id: int, event: RaceEvent) -> None:
