@@ -125,11 +125,10 @@ def mutates_inputs(gm: fx.GraphModule) -> bool:
 
 # ops whose output may be a view of their first operand: a write to it writes there
 _VIEWS = frozenset(
-    {"view", "reshape", "transpose", "permute", "expand", "expand_as", "view_as", "unsqueeze",
-     "squeeze", "narrow", "select", "flatten", "unflatten", "t", "as_strided", "getitem",
-     "__getitem__", "split", "chunk", "unbind", "diagonal", "detach", "contiguous", "movedim",
-     "swapaxes", "unfold", "slice", "alias", "_unsafe_view"}
-)  # fmt: skip
+    "view reshape transpose permute expand expand_as view_as unsqueeze squeeze narrow select "
+    "flatten unflatten t as_strided getitem __getitem__ split chunk unbind diagonal detach "
+    "contiguous movedim swapaxes unfold slice alias _unsafe_view".split()
+)
 
 
 def writes_placeholders(gm: fx.GraphModule) -> bool:
@@ -145,10 +144,10 @@ def _from_placeholder(arg: Any) -> bool:
     while isinstance(arg, fx.Node):
         if arg.op == "placeholder":
             return True
-        target = arg.target
-        name = target if isinstance(target, str) else getattr(target, "__name__", "")
-        name = str(name).split(".")[0]  # aten overloads: view.default
-        if arg.op not in ("call_method", "call_function") or name not in _VIEWS or not arg.args:
+        target = arg.target  # a method's name, or a function (aten overloads: view.default)
+        name = str(target if isinstance(target, str) else getattr(target, "__name__", ""))
+        view = name.split(".")[0] in _VIEWS
+        if arg.op not in ("call_method", "call_function") or not view or not arg.args:
             return False
         arg = arg.args[0]
     return False
