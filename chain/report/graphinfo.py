@@ -125,18 +125,17 @@ def mutates_inputs(gm: fx.GraphModule) -> bool:
 
 # ops whose output may be a view of their first operand: a write to it writes there
 _VIEWS = frozenset(
-    "view reshape transpose permute expand expand_as view_as unsqueeze squeeze narrow select "
-    "flatten unflatten t as_strided getitem __getitem__ split chunk unbind diagonal detach "
-    "contiguous movedim swapaxes unfold slice alias _unsafe_view".split()
-)
+    {"view", "reshape", "transpose", "permute", "expand", "expand_as", "view_as", "unsqueeze", "t",
+     "squeeze", "narrow", "select", "flatten", "unflatten", "as_strided", "getitem", "slice",
+     "__getitem__", "split", "chunk", "unbind", "diagonal", "detach", "contiguous", "movedim",
+     "swapaxes", "unfold", "_unsafe_view", "alias"}
+)  # fmt: skip
 
 
 def writes_placeholders(gm: fx.GraphModule) -> bool:
     """Whether an op writes in place to an input of the graph or a view of one (writes to
     the graph's own intermediates do not count)."""
-    return any(
-        _writes(node) and node.args and _from_placeholder(node.args[0]) for node in gm.graph.nodes
-    )
+    return any(_writes(n) and n.args and _from_placeholder(n.args[0]) for n in gm.graph.nodes)
 
 
 def _from_placeholder(arg: Any) -> bool:
