@@ -271,11 +271,8 @@ def _warmed(fn: Callable[..., Any] | None, reference: Reference) -> str:
     if fn is None:
         return ""
     start = time.perf_counter()
-    cuda = False
     for _ in range(WARM_RUNS):
-        inputs = reference.inputs()
-        cuda = cuda or any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
-        fn(*inputs)
-    if cuda:
+        fn(*reference.inputs())
+    if any(isinstance(x, torch.Tensor) and x.is_cuda for x in reference.runs or ()):
         torch.cuda.synchronize()
     return f", warmed up by {WARM_RUNS} runs in {time.perf_counter() - start:.2f} s"
