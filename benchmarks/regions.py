@@ -6,9 +6,13 @@ Models from configs, random weights: `dual`, a CLIP-like dual encoder (transform
 VisionTextDualEncoderModel: a small ConvNeXt vision tower on 32x32 images, a small BERT
 text tower on 256 tokens); `captioner`, a vision encoder-decoder (transformers'
 VisionEncoderDecoderModel: a small ViT encoder on 32x32 images, a small GPT-2 decoder with
-cross-attention on 64 tokens); uniform controls `bert` (the small BERT on 256 tokens),
+cross-attention on 64 tokens); `captioner_convnext`, the issue's captioner (a ConvNeXt
+encoder, ConvNeXt-atto's depths at small widths, on 64x64 images, its 2x2 feature map
+projected to 4 tokens that a small GPT-2 decoder reads by cross-attention over 256 tokens);
+`whisper`, Whisper's encoder; uniform controls `bert` (the small BERT on 256 tokens),
 `gpt2` (a small GPT-2 on 256 tokens), `resnet` (a small transformers ResNet on 64x64).
-The dual encoder's towers are also timed apart under each backend: the ideal mix.
+The hybrids' halves (the dual encoder's towers, the ConvNeXt captioner's encoder and decoder)
+are also timed apart under each backend: the ideal mix.
 One thread (torch.set_num_threads, ONNX Runtime's intra_op_num_threads) unless told; every
 variant timed side by side in interleaved rounds (shuffled order, `--calls` calls a round,
 medians), no_grad.
@@ -44,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from chain import chain
 from chain.bench.candidates import thread_options
+from chain.judge.timing import compare
 from chain.report.regions import region_lines
 from chain.select.regions.mix import REGIONS
 
@@ -120,6 +125,38 @@ def captioner() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     )
 
 
+class _ConvNextCaptioner(torch.nn.Module):
+    """ConvNeXt encoder -> linear bridge -> GPT-2 decoder with cross-attention: the logits.
+    Written out because VisionEncoderDecoderModel hands ConvNeXt's (B, C, H, W) map to the
+    decoder unflattened."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        from transformers import ConvNextModel, GPT2Config, GPT2LMHeadModel
+
+        vision = _vision_config()
+        vision.depths = [2, 2, 6, 2]  # ConvNeXt-atto's depths, at the dual tower's widths
+        self.encoder = ConvNextModel(vision)
+        decoder = GPT2Config(vocab_size=1000, n_embd=64, n_layer=4, n_head=2, n_positions=tokens,
+                             add_cross_attention=True)  # fmt: skip
+        self.bridge = torch.nn.Linear(vision.hidden_sizes[-1], decoder.n_embd)
+        self.decoder = GPT2LMHeadModel(decoder)
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The image as tokens: the last feature map, flattened and projected."""
+        return self.bridge(self.encoder(pixels).last_hidden_state.flatten(2).transpose(1, 2))
+
+    def forward(self, pixels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder(input_ids=ids, encoder_hidden_states=self.encode(pixels)).logits
+
+
+def captioner_convnext() -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The issue's captioner: ConvNeXt encoder (64x64 images: 4 visual tokens), GPT-2 decoder
+    with cross-attention (256 tokens)."""
+    ids = torch.randint(0, 1000, (1, TEXT_TOKENS))
+    return _ConvNextCaptioner(TEXT_TOKENS), (torch.randn(1, 3, 64, 64), ids)
+
+
 def whisper() -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """Whisper's encoder: a convolutional front end (two conv1d over 80 mel bins, 1,000
     frames) and a small transformer over the 500 positions it leaves."""
@@ -163,6 +200,7 @@ class _Positional(torch.nn.Module):
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[Any, ...]]]] = {
     "dual": dual,
     "captioner": captioner,
+    "captioner_convnext": captioner_convnext,
     "whisper": whisper,
     "bert": bert,
     "gpt2": gpt2,
@@ -188,8 +226,9 @@ def compiled(model: torch.nn.Module, args: tuple[Any, ...], backend: Any
 
 
 def timed(runs: dict[str, Callable[..., Any]], args: tuple[Any, ...], rounds: int, calls: int
-          ) -> dict[str, float]:  # fmt: skip
-    """Median ms per call of each variant over interleaved rounds (warmed up first)."""
+          ) -> dict[str, list[float]]:  # fmt: skip
+    """Seconds per call of each variant in each of the interleaved rounds (warmed up first;
+    every round runs every variant, in a shuffled order)."""
     times: dict[str, list[float]] = {k: [] for k in runs}
     keys = list(runs)
     with torch.no_grad():
@@ -202,8 +241,13 @@ def timed(runs: dict[str, Callable[..., Any]], args: tuple[Any, ...], rounds: in
                 start = time.perf_counter()
                 for _ in range(calls):
                     runs[key](*args)
-                times[key].append((time.perf_counter() - start) * 1e3 / calls)
-    return {k: statistics.median(v) for k, v in times.items()}
+                times[key].append((time.perf_counter() - start) / calls)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """Median ms per call of each variant."""
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def outcome(backend: Any) -> str:
@@ -235,7 +279,8 @@ def run(name: str, backends: list[str], rounds: int, calls: int, threads: int) -
     warm = chain(*backends, "eager", mode="fastest", regions=True, **stored)
     runs["mixed, warm start"], compile_s["mixed, warm start"] = compiled(model, args, warm)
     shutil.rmtree(store, ignore_errors=True)
-    med = timed(runs, args, rounds, calls)
+    times = timed(runs, args, rounds, calls)
+    med = medians(times)
     best = min(backends, key=lambda b: med[b])
     print(f"  whole-graph: {outcome(whole)}")
     print(f"  mixed: {outcome(mixed)}")
@@ -243,6 +288,8 @@ def run(name: str, backends: list[str], rounds: int, calls: int, threads: int) -
     print(f"  {'variant':22}{'compile s':>11}{'median ms':>11}{'x best single':>15}")
     for key in runs:
         print(f"  {key:22}{compile_s[key]:11.1f}{med[key]:11.3f}{med[best] / med[key]:15.2f}")
+    for key in ("mixed", "mixed, warm start"):  # paired by round: the rounds interleave
+        print(f"  {key} against {best} alone: {compare(times[best], times[key]).interval()}")
     print(f"  best single backend: {best}; {load()} after", flush=True)
     print("\n".join(f"  {line}" for line in region_lines(mixed.report.graphs)), flush=True)
     if name in TOWERS:
@@ -268,8 +315,29 @@ def _dual_towers() -> dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]:
     return {"vision": (Vision(), (pixels,)), "text": (Text(), (ids,))}
 
 
+def _captioner_halves() -> dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]:
+    """The ConvNeXt captioner's encoder (with its bridge) and decoder apart (same seed), the
+    decoder on the encoder's tokens."""
+    torch.manual_seed(0)
+    model, (pixels, ids) = captioner_convnext()
+    model.eval()
+    with torch.no_grad():
+        tokens = model.encode(pixels)
+
+    class Encoder(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return model.encode(x)
+
+    class Decoder(torch.nn.Module):
+        def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+            return model.decoder(input_ids=x, encoder_hidden_states=memory).logits
+
+    return {"encoder": (Encoder(), (pixels,)), "decoder": (Decoder(), (ids, tokens))}
+
+
 TOWERS: dict[str, Callable[[], dict[str, tuple[torch.nn.Module, tuple[Any, ...]]]]] = {
     "dual": _dual_towers,
+    "captioner_convnext": _captioner_halves,
 }
 
 
@@ -282,7 +350,7 @@ def towers(name: str, backends: list[str], rounds: int, calls: int, threads: int
         runs = {b: compiled(module, args, chain(b, verify=False, measure=False,
                                                 **fresh([b], threads)))[0]
                 for b in backends}  # fmt: skip
-        med = timed(runs, args, rounds, calls)
+        med = medians(timed(runs, args, rounds, calls))
         for b in backends:
             sums[b] += med[b]
         best[tower] = min(med.values())
