@@ -261,6 +261,7 @@ def outcome(backend: Any) -> str:
 
 
 def run(name: str, backends: list[str], rounds: int, calls: int, threads: int) -> None:
+    torch._dynamo.reset()  # each model's variants start from no compiled code
     torch.manual_seed(0)
     model, args = MODELS[name]()
     model.eval()
@@ -370,6 +371,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     ns = parser.parse_args()
     torch.set_num_threads(ns.threads)
+    # every variant compiles a copy of the model; transformers' shared forward wrappers
+    # would pass dynamo's limit of 8 entries per code object, and the rest would run eager
+    torch._dynamo.config.recompile_limit = 64
     for name in ns.models:
         run(name, ns.backends, ns.rounds, ns.calls, ns.threads)
     print(f"median ms per call, {ns.rounds} rounds x {ns.calls} calls, no_grad, torch threads "

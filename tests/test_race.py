@@ -283,7 +283,7 @@ def test_a_graph_with_in_place_writes_runs_its_server_once_a_pair(
     fns = {name: contender(name) for name in calls}
     racer = Racer(Race("server", ["challenger"]), fns, (0,), lambda e, fn: None, once=once)
     x = torch.ones(3)
-    for _ in range(2):  # both orders: server_first() follows the turn's parity
-        racer.race._turn += 1
+    for _ in range(2):  # both orders: server_first() alternates per challenger
+        racer.race._first = not racer.race._first
         assert racer.run_server(fns["server"], "challenger", (x,)) is not None
     assert calls == {"server": server_runs, "challenger": 4}, calls
