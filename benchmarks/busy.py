@@ -3,13 +3,15 @@ where it ends up once the load goes away.
 
     python benchmarks/busy.py [--models bert gpt2 t5_encoder distilbert] [--hogs 0 1 2]
                               [--chains first default] [--calls-loaded 500] [--calls-quiet 1500]
-                              [--quick] [--out busy-results]
+                              [--quiet-s 0] [--quick] [--out busy-results]
 
 Each cell (model x chain x hogs) runs in a fresh process with an empty store and inductor
 cache (benchmarks/busy_cell.py): under `hogs` CPU-hog processes (real processes, each
 spinning on a core; killed at exit, on error and on Ctrl-C), the first call of
 compile(backend="eager") and of the chain, then `--calls-loaded` calls; the hogs stop and
-`--calls-quiet` calls follow. Who serves each graph is read from the chain's report after
+`--calls-quiet` calls follow, for `--quiet-s` seconds at least (a challenger built in a
+child process joins the race seconds after the first call: 1500 calls of a 0.3 ms model end
+long before). Who serves each graph is read from the chain's report after
 every call; answers are checked against eager every `--sample-every` calls. At the end,
 quiet, each backend of the chain alone and the chain as it serves are timed interleaved
 (the quiet re-time). Then, under the same hogs, a fresh process's first call with the
@@ -17,10 +19,11 @@ cell's store warm against a fresh process's compile(backend="eager").
 
 Per cell: `first x eager` (the chain's first call over compile(eager)'s, same process and
 load); `calls to fastest` (calls after the load went away until every graph is served by a
-backend within 5% of the quiet re-time's fastest, and stays so; 0: already at the load's
-end; "never": not by the last call); `steady x fastest` (the chain as it serves over the
-fastest backend alone, quiet); `server x eager` (the slowest graph's final server alone over
-eager alone, quiet); `warm x eager` (warm first call over eager's, fresh processes).
+backend within 5% of the quiet re-time's fastest, and stays so, with the seconds since the
+load went away; 0: already at the load's end; "never": not by the last call); `steady x
+fastest` (the chain as it serves over the fastest backend alone, quiet); `server x eager`
+(the slowest graph's final server alone over eager alone, quiet); `warm x eager` (warm
+first call over eager's, fresh processes).
 Chains: `first` is chain("onnxruntime", "inductor", "eager", mode="first"), `default` the
 default chain. Models are transformers models from configs (2 layers, hidden 64, 2x16
 tokens; `--quick`: hidden 32, 2x8, few calls, one model). Writes busy.json and busy.md into
@@ -50,9 +53,10 @@ HELD = {True: "held", False: "MISSED", None: "not measured"}
 CELL = "from benchmarks.busy_cell import main; main()"
 FULL = {"models": list(MODELS), "hogs": [0, 1, 2], "chains": list(CHAINS),
         "calls_loaded": 500, "calls_quiet": 1500, "sample_every": 50, "retime_s": 3.0,
-        "settle_s": 2.0}  # fmt: skip
+        "settle_s": 2.0, "quiet_s": 0.0}  # fmt: skip
 QUICK = {"models": ["bert"], "hogs": [2], "chains": ["first"], "calls_loaded": 40,
-         "calls_quiet": 120, "sample_every": 10, "retime_s": 0.5, "settle_s": 0.5}  # fmt: skip
+         "calls_quiet": 120, "sample_every": 10, "retime_s": 0.5, "settle_s": 0.5,
+         "quiet_s": 0.0}  # fmt: skip
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +70,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sample-every", type=int, help="check an answer every N calls")
     parser.add_argument("--retime-s", type=float, help="budget of the quiet re-time")
     parser.add_argument("--settle-s", type=float, help="seconds the hogs run before compiling")
+    parser.add_argument("--quiet-s", type=float, help="quiet calls go on this long at least")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start processes")
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny, few calls")
     parser.add_argument("--out", type=Path, default=Path("busy-results"))
@@ -78,8 +83,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("calls_loaded", "calls_quiet", "sample_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.retime_s <= 0 or args.settle_s < 0:
-        parser.error("--retime-s must be positive and --settle-s not negative")
+    if args.retime_s <= 0 or args.settle_s < 0 or args.quiet_s < 0:
+        parser.error("--retime-s must be positive, --settle-s and --quiet-s not negative")
     return args
 
 
@@ -91,17 +96,23 @@ def uptime() -> str:
         return f"load average {os.getloadavg()} (uptime: {error})"
 
 
-def settled(timeline: list[dict[str, Any]], good: set[str], loaded: int, total: int) -> int | None:
+def settled(timeline: list[dict[str, Any]], good: set[str], loaded: int, total: int
+            ) -> tuple[int | None, float | None]:  # fmt: skip
     """Calls after the load went away (call `loaded`) until every graph is served by a
-    backend in `good` and stays so to call `total`; 0 if so when the load went away, None
-    if not by the end. `timeline`: the servers from each call at which they changed."""
-    since: int | None = None
+    backend in `good` and stays so to call `total`, and the seconds since the load went away
+    (0, 0.0 if so when it went away; None, None if not by the end). `timeline`: the servers
+    from each call at which they changed, with the seconds since the load went away."""
+    since: dict[str, Any] | None = None
     for change in timeline:
         if change["call"] > total:
             break
         ok = bool(change["servers"]) and all(s in good for s in change["servers"])
-        since = (since or change["call"]) if ok else None
-    return None if since is None else max(0, since - loaded)
+        since = (since or change) if ok else None
+    if since is None:
+        return None, None
+    if since["call"] <= loaded:
+        return 0, 0.0
+    return since["call"] - loaded, since.get("s")
 
 
 def derive(cell: dict[str, Any], loaded: int, quiet: int) -> dict[str, Any]:
@@ -110,6 +121,7 @@ def derive(cell: dict[str, Any], loaded: int, quiet: int) -> dict[str, Any]:
     alone = {k: v for k, v in ms.items() if k != "chain"}
     fastest = min(alone, key=alone.__getitem__)
     good = {k for k, v in alone.items() if v <= (1 + WITHIN) * alone[fastest]}
+    calls, seconds = settled(cell["servers"], good, loaded, cell.get("calls", loaded + quiet))
     final = cell["servers"][-1]["servers"] if cell["servers"] else []
     timed = [ms[s] for s in final if s in ms]
     out = {
@@ -117,7 +129,8 @@ def derive(cell: dict[str, Any], loaded: int, quiet: int) -> dict[str, Any]:
         "fastest": fastest,
         "within_5pct": sorted(good),
         "final_servers": final,
-        "calls_to_fastest": settled(cell["servers"], good, loaded, loaded + quiet),
+        "calls_to_fastest": calls,
+        "seconds_to_fastest": seconds,
         "steady_x_fastest": ms["chain"] / alone[fastest],
         "chain_x_eager": ms["chain"] / ms["eager"],
         "server_x_eager": max(timed) / ms["eager"] if timed else None,
@@ -136,7 +149,7 @@ def run_cell(model: str, label: str, hogs: int, args: argparse.Namespace) -> dic
     spec = {"model": model, "chain": label, "hogs": hogs, "quick": args.quick,
             "calls_loaded": args.calls_loaded, "calls_quiet": args.calls_quiet,
             "sample_every": args.sample_every, "retime_s": args.retime_s,
-            "settle_s": args.settle_s}  # fmt: skip
+            "settle_s": args.settle_s, "quiet_s": args.quiet_s}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="busy-") as tmp:
         env: dict[str, str | None] = {
             "CHAIN_MEMORY": "1",
@@ -198,6 +211,8 @@ def table(cells: list[dict[str, Any]]) -> str:
     for c in cells:
         s, f = c["spec"], c["figures"]
         calls = "never" if f["calls_to_fastest"] is None else str(f["calls_to_fastest"])
+        if f.get("seconds_to_fastest") is not None:
+            calls += f" ({f['seconds_to_fastest']:.1f} s)"
         lines.append(
             f"| {s['model']} | {s['chain']} | {s['hogs']} | {c['eager_first_s']:.2f} | "
             f"{c['chain_first_s']:.2f} | {f['first_x_eager']:.1f} | {f['fastest']} | "

@@ -1,7 +1,8 @@
 """One cell of the busy-machine benchmark (benchmarks/busy.py), run in a fresh process.
 
 `serve`: under `hogs` CPU-hog processes, the first call of compile(backend="eager") and of
-the chain, then calls under the load; the hogs stop and the calls go on; which backend
+the chain, then calls under the load; the hogs stop and the calls go on (`calls_quiet`
+calls, and `quiet_s` seconds at least); which backend
 serves each graph is read from the chain's report after every call, answers are checked
 against eager on sampled calls. Then, quiet, every backend of the chain alone and the chain
 as it now serves are timed in one interleaved run (chain.judge.rounds.measure).
@@ -107,6 +108,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     torch._dynamo.config.cache_size_limit = 64  # one entry per backend timed alone
     model, pool = build(spec["model"], spec["quick"])
     loaded, quiet, every = spec["calls_loaded"], spec["calls_quiet"], spec["sample_every"]
+    quiet_s = spec.get("quiet_s", 0.0)
     out: dict[str, Any] = {"servers": [], "wrong": [], "max_error": 0.0, "checked": 0}
     with torch.no_grad(), Hogs(spec["hogs"]) as load:
         time.sleep(spec["settle_s"])  # the load is on before anything is compiled
@@ -121,23 +123,32 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         out["hogs_running"] = load.running
         last: list[str] = []
         seconds: list[float] = []
-        for call in range(1, loaded + quiet + 1):
+        stopped: float | None = None  # when the load went away
+        call = 0
+        while True:  # the quiet calls go on for `quiet_s` seconds at least
+            call += 1
             if call == loaded + 1:
                 load.stop()  # the load goes away
+                stopped = time.perf_counter()
+            if call > loaded + quiet and stopped and time.perf_counter() - stopped >= quiet_s:
+                break
             inputs = pool[call % POOL]
             start = time.perf_counter()
             answer = compiled(*inputs)
             seconds.append(time.perf_counter() - start)
             now = servers(backend)
             if now != last:
-                out["servers"].append({"call": call, "servers": now})
+                after = None if stopped is None else round(time.perf_counter() - stopped, 3)
+                out["servers"].append({"call": call, "servers": now, "s": after})
                 last = now
-            if call % every == 0 or call == loaded + quiet:
+            if call % every == 0:
                 wrong, err = _wrong(answer, model(*inputs))
                 out["checked"] += 1
                 out["max_error"] = max(out["max_error"], err)
                 if wrong:
                     out["wrong"].append({"call": call, "servers": now, "error": err})
+        out["calls"] = call - 1
+        out["quiet_s"] = time.perf_counter() - stopped if stopped else 0.0
         out["report"] = backend.report.summary()
         out["attempts"] = [
             [{"backend": a.backend, "status": a.status.value, "reason": a.reason[:300]}
@@ -146,7 +157,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         ]  # fmt: skip
         out["call_ms"] = {  # each call as the caller saw it (checks and switches included)
             "loaded_median": 1e3 * statistics.median(seconds[:loaded]),
-            "quiet_median": 1e3 * statistics.median(seconds[loaded:]),
+            "quiet_median": 1e3 * statistics.median(seconds[loaded:] or seconds),
             "quiet_last_200_median": 1e3 * statistics.median(seconds[-200:]),
         }
         out["retime"] = retime(model, pool[0], compiled, alone(spec["chain"]), spec["retime_s"])

@@ -138,19 +138,21 @@ def test_fresh_python_returns_the_last_line_and_says_why_it_failed() -> None:
 
 def test_settled_counts_calls_after_the_load_until_served_by_a_fast_backend_for_good() -> None:
     good = {"onnxruntime"}
-    changes = [{"call": 1, "servers": ["inductor"]}, {"call": 700, "servers": ["onnxruntime"]}]
-    assert busy.settled(changes, good, loaded=500, total=2000) == 200
-    assert busy.settled(changes[:1], good, loaded=500, total=2000) is None  # never
-    early = [{"call": 1, "servers": ["onnxruntime"]}]
-    assert busy.settled(early, good, loaded=500, total=2000) == 0  # fast before the load ended
+    changes = [{"call": 1, "servers": ["inductor"], "s": None},
+               {"call": 700, "servers": ["onnxruntime"], "s": 0.4}]  # fmt: skip
+    assert busy.settled(changes, good, loaded=500, total=2000) == (200, 0.4)
+    assert busy.settled(changes[:1], good, loaded=500, total=2000) == (None, None)  # never
+    early = [{"call": 1, "servers": ["onnxruntime"], "s": None}]
+    assert busy.settled(early, good, loaded=500, total=2000) == (0, 0.0)  # before the load ended
     flap = [
         *changes,
-        {"call": 900, "servers": ["eager"]},
-        {"call": 1200, "servers": ["onnxruntime"]},
+        {"call": 900, "servers": ["eager"], "s": 0.5},
+        {"call": 1200, "servers": ["onnxruntime"], "s": 16.2},  # a child's build joined late
     ]
-    assert busy.settled(flap, good, loaded=500, total=2000) == 700  # only for good counts
-    two = [{"call": 1, "servers": ["onnxruntime", "inductor"]}]
-    assert busy.settled(two, good, loaded=500, total=2000) is None  # every graph must be
+    assert busy.settled(flap, good, loaded=500, total=2000) == (700, 16.2)  # for good counts
+    assert busy.settled(flap, good, loaded=500, total=1000) == (None, None)  # past the end
+    two = [{"call": 1, "servers": ["onnxruntime", "inductor"], "s": None}]
+    assert busy.settled(two, good, loaded=500, total=2000) == (None, None)  # every graph must be
 
 
 def _cell(model: str, hogs: int, servers: list[str], wrong: int = 0) -> dict[str, Any]:
@@ -160,7 +162,10 @@ def _cell(model: str, hogs: int, servers: list[str], wrong: int = 0) -> dict[str
         "spec": spec,
         "eager_first_s": 2.0,
         "chain_first_s": 6.0,
-        "servers": [{"call": 1, "servers": ["inductor"]}, {"call": 800, "servers": servers}],
+        "servers": [
+            {"call": 1, "servers": ["inductor"], "s": None},
+            {"call": 800, "servers": servers, "s": 1.5},
+        ],
         "wrong": [{"call": 50, "servers": servers, "error": 1.0}] * wrong,
         "checked": 40,
         "retime": {
@@ -178,6 +183,7 @@ def test_figures_and_targets_from_a_synthetic_run(tmp_path: Path) -> None:
     fig = cells[0]["figures"]
     assert fig["fastest"] == "onnxruntime" and fig["within_5pct"] == ["onnxruntime"]
     assert fig["calls_to_fastest"] == 300 and fig["first_x_eager"] == pytest.approx(3.0)
+    assert fig["seconds_to_fastest"] == 1.5
     assert fig["steady_x_fastest"] == pytest.approx(2.5 / 2.47)
     assert fig["server_x_eager"] == pytest.approx(2.47 / 3.58)
     assert fig["warm_x_eager"] == pytest.approx(1.25)
@@ -191,7 +197,8 @@ def test_figures_and_targets_from_a_synthetic_run(tmp_path: Path) -> None:
     json_path, md_path = busy.write(tmp_path / "out", result)
     assert json.loads(json_path.read_text())["cells"][0]["figures"]["fastest"] == "onnxruntime"
     md = md_path.read_text()
-    assert "| bert | first | 2 | 2.00 | 6.00 | 3.0 | onnxruntime | onnxruntime | 300 |" in md
+    row = "| bert | first | 2 | 2.00 | 6.00 | 3.0 | onnxruntime | onnxruntime | 300 (1.5 s) |"
+    assert row in md
     assert "| gpt2 | first | 0 |" in md and "| never |" in md and "1 / 40" in md
     assert "no answer wrong (sampled calls, against eager): **MISSED**" in md
     assert "load 2" in md and "load 3" in md
