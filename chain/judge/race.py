@@ -2,12 +2,8 @@
 
 Selection times candidates once, on whatever the machine was doing then. At run time the
 server (the backend answering the calls) and each challenger run the same call's inputs on
-sampled calls: a pair of times. Each challenger's pairs alternate who runs first, and what
-the order alone does is taken out: half the log-ratio between the two orders' median ratios
-(a crossover design's period effect) is added to one order's pairs and taken from the
-other's. At 2 torch threads ONNX Runtime read 0.130 ms right after an AOTInductor package
-and 0.175 ms before it; pair by pair the package (0.14 ms) won half and the race stayed
-undecided. Per challenger, a one-sided sign test decides:
+sampled calls, the server first (in the stream of its served calls, as it serves), then the
+challenger: a pair of times. Per challenger, a one-sided sign test decides:
 
 - **faster**: in its last `WINDOW` pairs it beat the server by more than `MARGIN` so often
   that chance explains it with probability under `ALPHA`, and the median ratio agrees: it
@@ -51,7 +47,6 @@ RATE = 0.02  # the race's extra time, at most this share of the serving time
 PROVISIONAL_RATE = 0.01  # after a verdict on noisy evidence: on, at half the rate
 FIRST_PAIR = 20  # the call of the first pair (the first calls warm caches up)
 NOISY_SPREAD = 0.25  # half the ratios' interquartile range over their median, above: noisy
-ORDER_SHOWN = 1.10  # an order effect beyond this (either way) is named in the verdict
 
 FASTER = "faster"
 NOT_FASTER = "not faster"
@@ -64,7 +59,6 @@ class Pair(NamedTuple):
     server_s: float
     challenger_s: float
     busy: bool  # the machine was busy when it was taken
-    server_first: bool = True  # the order it ran in
 
 
 @dataclass(frozen=True)
@@ -77,17 +71,12 @@ class Verdict:
     wins: int  # pairs the challenger won by more than MARGIN
     p: float
     noisy: bool  # decided on busy or widely spread pairs
-    order: float = 1.0  # the server-first pairs' median ratio over the others': taken out
 
     def __str__(self) -> str:
         evidence = "noisy evidence" if self.noisy else "quiet evidence"
-        order = ""
-        if abs(math.log(self.order)) > math.log(ORDER_SHOWN):
-            order = f"; order effect {self.order:.2f}x taken out"
         return (
             f"{self.kind}: {1 / self.ratio:.2f}x the server, ahead by >{MARGIN:.0%} in "
-            f"{self.wins} of {self.pairs} paired calls (sign test p={self.p:.1e}, "
-            f"{evidence}{order})"
+            f"{self.wins} of {self.pairs} paired calls (sign test p={self.p:.1e}, {evidence})"
         )
 
 
@@ -106,33 +95,16 @@ def _test(pairs: list[Pair], least: int, kind: str) -> Verdict | None:
     n = len(used)
     if n < least:
         return None
-    ratios, order = _ordered(used)
-    ratios.sort()
+    ratios = sorted(p.challenger_s / max(p.server_s, 1e-12) for p in used)
     ratio = statistics.median(ratios)
     q1, q3 = ratios[n // 4], ratios[(3 * n) // 4]
     noisy = noisy or (q3 - q1) / 2 > NOISY_SPREAD * ratio
     wins = sum(r < 1 - MARGIN for r in ratios)
     if kind == FASTER:
         p = _tail(wins, n)
-        found = p < ALPHA and ratio < 1 - MARGIN
-    else:
-        p = _tail(n - wins, n)
-        found = p < ALPHA and ratio >= 1 - MARGIN
-    return Verdict(kind, ratio, n, wins, p, noisy, order) if found else None
-
-
-def _ordered(pairs: list[Pair]) -> tuple[list[float], float]:
-    """Each pair's challenger/server ratio with the order's effect taken out, and that
-    effect (the server-first pairs' median ratio over the others'; 1.0 where either order
-    has fewer than 2 pairs)."""
-    logs = [math.log(max(p.challenger_s, 1e-12) / max(p.server_s, 1e-12)) for p in pairs]
-    first = [x for x, p in zip(logs, pairs, strict=True) if p.server_first]
-    second = [x for x, p in zip(logs, pairs, strict=True) if not p.server_first]
-    if len(first) < 2 or len(second) < 2:
-        return [math.exp(x) for x in logs], 1.0
-    half = (statistics.median(first) - statistics.median(second)) / 2
-    fixed = [x - half if p.server_first else x + half for x, p in zip(logs, pairs, strict=True)]
-    return [math.exp(x) for x in fixed], math.exp(2 * half)
+        return Verdict(kind, ratio, n, wins, p, noisy) if p < ALPHA and ratio < 1 - MARGIN else None
+    p = _tail(n - wins, n)
+    return Verdict(kind, ratio, n, wins, p, noisy) if p < ALPHA and ratio >= 1 - MARGIN else None
 
 
 def _tail(k: int, n: int) -> float:
@@ -230,8 +202,6 @@ class Race:
         self.next_due = FIRST_PAIR
         self.server_s: float | None = None  # the server's median call, from the pairs
         self._turn = 0
-        self._orders: dict[str, int] = {}  # pairs handed out per challenger
-        self._first = False  # the order of the pair handed out last
         self._lock = threading.Lock()
         if not challengers:
             self.stats.state = "ended"
@@ -253,13 +223,8 @@ class Race:
             self.next_due = self.calls + (1 << 30)  # taken: its pair sets the next one
             self._turn += 1
             if self._turn % 2 and len(live) > 1:  # every other pair: the one leading so far
-                chosen = min(live, key=self._median_ratio)
-            else:
-                chosen = live[(self._turn // 2) % len(live)]
-            handed = self._orders.get(chosen, 0)
-            self._orders[chosen] = handed + 1
-            self._first = handed % 2 == 1  # its own pairs alternate: the challenger first first
-            return chosen
+                return min(live, key=self._median_ratio)
+            return live[(self._turn // 2) % len(live)]
 
     def _median_ratio(self, challenger: str) -> float:
         """The challenger's median time over the server's in its window (1: no pairs yet)."""
@@ -279,11 +244,6 @@ class Race:
             if self.switches < MAX_SWITCHES:
                 stats.state = "provisional" if self.provisional else "racing"
             self.next_due = min(self.next_due, self.calls + 1)
-
-    def server_first(self) -> bool:
-        """Whether the server runs first in the pair `due` handed out last (each
-        challenger's pairs alternate, whatever the other challengers' turns)."""
-        return self._first
 
     def pair(self, call: int, challenger: str, pair: Pair, cost_s: float) -> RaceEvent | None:
         """Record `pair` (the race's extra time for it: `cost_s`); the event it causes."""
