@@ -1,7 +1,7 @@
 """A bucket whose timing against the general path did not decide (undecided, or noisy: a busy
 machine) is not refused: it races the general path on sampled calls of its shape, by the
 graph race's rules (chain.judge.race: sign test, hysteresis, cost bound) and pairs
-(chain.run.race.Racer: same inputs, alternating order, answers compared).
+(chain.run.race.Racer: same inputs, the server timed first as it serves, answers compared).
 
 The bucket serves first unless the general path led the build's timing by more than the tie
 band (3%); the race promotes the other when it is faster with confidence, and ends once the
