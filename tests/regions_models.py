@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from torch import fx, nn
 
@@ -60,3 +61,26 @@ def captured(model: nn.Module, *args: Any, dynamic: bool | None = None
     if len(seen) != 1:
         raise RuntimeError(f"dynamo handed over {len(seen)} graphs, not one")
     return seen[0]
+
+
+def set_plan(monkeypatch: pytest.MonkeyPatch, backend_of: Callable[[int], str]) -> None:
+    """The regions' plan set by a test (region i under `backend_of(i)`, the planned figures
+    the search's own) and the stitched graph kept as faster: a test of what serves a mixed
+    graph, not of the measurement that chooses one (tests/test_regions_mix.py)."""
+    import chain.select.regions.mix as mix
+    from chain.judge.assign import Assignment
+    from chain.report.records import Attempt, Status
+
+    planned = mix.cheapest
+
+    def plan(costs: Any, crossings: Any) -> Assignment:
+        best = planned(costs, crossings)
+        return Assignment(tuple(map(backend_of, range(len(costs)))), best.total, best.crossings)
+
+    def faster(selection: Any, gm: Any, reference: Any, winner: Any, fns: Any, stitched: Any,
+               details: dict[str, Any]) -> tuple[Attempt, Any]:  # fmt: skip
+        return Attempt(mix.REGIONS, Status.WON, "faster (set by the test)", details=details,
+                       latency_ms=0.1), stitched  # fmt: skip
+
+    monkeypatch.setattr(mix, "cheapest", plan)
+    monkeypatch.setattr(mix, "_timed", faster)

@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from chain.judge import race
-from chain.judge.race import Race
-from chain.run.race import Racer
 from tests.clock import VirtualClock
+from tests.test_race import _serve_racing
 
 
 @pytest.fixture
@@ -41,20 +40,7 @@ def _serve(clock: VirtualClock, times: dict[str, float], after_other: float, cal
 
         return run
 
-    fns = {name: contender(name) for name in times}
-    r = Race("server", ["challenger"])
-    events: list[race.RaceEvent] = []
-    racer = Racer(r, fns, (0,), lambda e, fn: events.append(e))
-    x = torch.ones(3)
-    for _ in range(calls):
-        if r.over:
-            break
-        serving = fns[r.stats.server]
-        if (name := r.due()) is not None:
-            racer.run_server(serving, name, (x,))
-        else:
-            serving(x)
-    return events
+    return _serve_racing({name: contender(name) for name in times}, calls)
 
 
 def test_a_server_faster_right_after_the_challenger_is_timed_as_it_serves(

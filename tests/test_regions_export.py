@@ -8,17 +8,14 @@ busy machine."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 import chain
 import chain.select.regions.mix as mix
-from chain.judge.assign import Assignment
-from chain.report.records import Attempt, Status
 from tests.helpers import fresh_process
-from tests.regions_models import dual
+from tests.regions_models import dual, set_plan
 
 LOAD = """
 import json, sys
@@ -37,20 +34,7 @@ print(json.dumps({"outputs": len(out)}))
 @pytest.fixture
 def every_other_region_to_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan: regions 0, 2, 4... under ONNX Runtime, the others eager; kept as faster."""
-    planned = mix.cheapest
-
-    def plan(costs: Any, crossings: Any) -> Assignment:
-        best = planned(costs, crossings)
-        names = tuple("onnxruntime" if i % 2 == 0 else "eager" for i in range(len(costs)))
-        return Assignment(names, best.total, best.crossings)
-
-    def faster(selection: Any, gm: Any, reference: Any, winner: Any, fns: Any, stitched: Any,
-               details: dict[str, Any]) -> tuple[Attempt, Any]:  # fmt: skip
-        return Attempt(mix.REGIONS, Status.WON, "faster (set by the test)", details=details,
-                       latency_ms=0.1), stitched  # fmt: skip
-
-    monkeypatch.setattr(mix, "cheapest", plan)
-    monkeypatch.setattr(mix, "_timed", faster)
+    set_plan(monkeypatch, lambda i: "onnxruntime" if i % 2 == 0 else "eager")
 
 
 def test_a_mixed_program_exports_each_region_by_its_backend_and_loads_fresh(

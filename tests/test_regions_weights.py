@@ -13,9 +13,7 @@ import torch
 
 import chain
 import chain.select.regions.mix as mix
-from chain.judge.assign import Assignment
-from chain.report.records import Attempt, Status
-from tests.regions_models import dual
+from tests.regions_models import dual, set_plan
 
 BACKENDS = ("onnxruntime", "inductor")
 
@@ -23,20 +21,7 @@ BACKENDS = ("onnxruntime", "inductor")
 @pytest.fixture
 def alternating_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regions 0, 2, 4... under ONNX Runtime, the others under inductor; kept as faster."""
-    planned = mix.cheapest
-
-    def plan(costs: Any, crossings: Any) -> Assignment:
-        best = planned(costs, crossings)
-        return Assignment(tuple(BACKENDS[i % 2] for i in range(len(costs))), best.total,
-                          best.crossings)  # fmt: skip
-
-    def faster(selection: Any, gm: Any, reference: Any, winner: Any, fns: Any, stitched: Any,
-               details: dict[str, Any]) -> tuple[Attempt, Any]:  # fmt: skip
-        return Attempt(mix.REGIONS, Status.WON, "faster (set by the test)", details=details,
-                       latency_ms=0.1), stitched  # fmt: skip
-
-    monkeypatch.setattr(mix, "cheapest", plan)
-    monkeypatch.setattr(mix, "_timed", faster)
+    set_plan(monkeypatch, lambda i: BACKENDS[i % 2])
 
 
 def _leaves(out: Any) -> list[torch.Tensor]:
