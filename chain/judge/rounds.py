@@ -54,8 +54,8 @@ def _call(
     watch: Progress | None = None,
     baseline: str | None = None,
 ) -> None:
+    cancel.checkpoint()  # abandoned (a deadline, the process leaving): stop calling
     if watch is not None:  # under a deadline per call: say which call is in flight, since when
-        cancel.checkpoint()  # abandoned: stop rather than keep calling every candidate
         watch.start(name, bounded=name != baseline)  # eager's calls: the floor, no deadline
     try:
         fn(*inputs)

@@ -15,7 +15,10 @@ running, it prints one line to stderr, waits at most CHAIN_EXIT_WAIT_S seconds (
 5; 0: no wait), and SIGINT ends the wait at once. A job unfinished by then is abandoned:
 its child's process group is killed and its folder removed (`backends.cancel`), the graph's
 note (and the report file) says so, and nothing is kept against it, so a later process
-builds it again.
+builds it again. A job past its child (loading, verifying, timing the artefact here) is
+cancelled too: it stops at its next `cancel.checkpoint()`, and the exit waits for that, at
+most LEAVE_S seconds, saying so. Leaving while the worker thread runs torch's kernels aborted
+the process ("terminate called without an active exception", exit status 134).
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ class Job(Protocol):
     def failed(self, why: str) -> str: ...
 
 
+LEAVE_S = 30.0  # at exit, the longest wait for a cancelled job to reach its next checkpoint
+
 _queue: queue.Queue[Job] = queue.Queue()
+_token = cancel.Token()  # the worker thread's: cancelled when the process leaves
 _lock = threading.Lock()
 _worker: threading.Thread | None = None
 _current: list[Job] = []  # the job the worker runs now (for the note at exit)
@@ -125,7 +131,9 @@ def at_exit() -> None:
     with _lock:
         while not _queue.empty():
             abandoned.append(_queue.get_nowait())
+    _token.cancel("the process is leaving")
     cancel.abandon_children()
+    _stopped(worker)
     waited = time.monotonic() - start
     for build in abandoned:
         note = (
@@ -136,6 +144,21 @@ def at_exit() -> None:
             noted(build.records, build.record_id, note)
         except Exception as error:  # the report file may be gone at exit: logged, not lost
             log.warning("graph %d: %s (not noted: %s)", build.record_id, note, one_line(error))
+
+
+def _stopped(worker: threading.Thread) -> None:
+    """Wait for the cancelled worker to reach its next checkpoint (at most LEAVE_S, said
+    after a moment): the interpreter must not end while it runs torch's kernels."""
+    worker.join(0.5)
+    if not worker.is_alive():
+        return
+    print(
+        f"backend-chain: stopping the build's step in this process (at most {LEAVE_S:g} s; "
+        "leaving during it would abort the process)",
+        file=sys.stderr,
+        flush=True,
+    )
+    worker.join(LEAVE_S)
 
 
 def pending() -> bool:
@@ -174,8 +197,9 @@ def _work() -> None:
                 return
             _current[:] = [build]
         try:
-            _idle()
-            note = build.run()
+            with cancel.holding(_token):
+                _idle()
+                note = build.run()
         except cancel.Cancelled:
             return  # abandoned at exit: `at_exit` notes it, nothing is kept against it
         except Exception as error:  # every failure is the graph's note, never lost

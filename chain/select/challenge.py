@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from backends import cancel
 from backends.errors import Unsupported, one_line
 from backends.registry import Artefact, Backend, lookup_backend, offered_artefact
 from chain.judge.compiles import compiling
@@ -212,7 +213,9 @@ class Apart:
             torch.set_grad_enabled(job.grad),
         ):
             artefact = self.build()
+            cancel.checkpoint()  # the process may be leaving: no torch work here then
             reference, again = current(job.gm, job.reference)
+            cancel.checkpoint()
             loaded = load_verified(
                 self.backend, name, artefact.data, job.gm, job.inputs, reference,
                 job.options.get(self.backend.name, {}),
@@ -220,6 +223,7 @@ class Apart:
             if loaded is None:
                 return f"challenger {name}: its artefact cannot be loaded ({self.backend.name})"
             attempt, fn = loaded
+            cancel.checkpoint()
             warm = _warmed(fn, reference) if attempt.status is Status.WON else ""
         took = time.perf_counter() - start
         where = (
@@ -272,6 +276,7 @@ def _warmed(fn: Callable[..., Any] | None, reference: Reference) -> str:
         return ""
     start = time.perf_counter()
     for _ in range(WARM_RUNS):
+        cancel.checkpoint()
         fn(*reference.inputs())
     if any(isinstance(x, torch.Tensor) and x.is_cuda for x in reference.runs or ()):
         torch.cuda.synchronize()

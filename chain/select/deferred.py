@@ -181,7 +181,9 @@ def _run(build: Build) -> str:
                 raise cancel.Cancelled("abandoned at exit") from None
             return _failed(build, f"not built ({error.reason})")
         build_s = time.perf_counter() - start
+        cancel.checkpoint()  # the process may be leaving: no torch work here then
         reference, again = current(build.gm, build.reference)
+        cancel.checkpoint()
         loaded = load_verified(
             build.backend, build.winner, artefact.data, build.gm, build.inputs, reference,
             build.options,
@@ -189,6 +191,7 @@ def _run(build: Build) -> str:
         if loaded is None:
             return _failed(build, f"{build.winner} cannot be rebuilt from it")
         attempt, fn = loaded
+        cancel.checkpoint()
         if fn is None or attempt.status is not Status.WON:
             return _failed(build, f"built, then {attempt.status}: {attempt.reason}")
         speed = f"; {again}" if again else ""

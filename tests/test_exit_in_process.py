@@ -1,0 +1,65 @@
+"""A process that leaves while the chain's background worker runs torch's kernels in-process
+(a challenger's package loaded, verified, warmed up; a kept decision's package timed against
+the JIT compile) exits cleanly: the worker is cancelled, stops at its next checkpoint, and
+the exit waits for that, saying so. Leaving during those kernels aborted the process
+("terminate called without an active exception", exit status 134): seen once in 12
+user-style runs with two CPU hogs, then every time with a job like this test's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+from tests.helpers import ROOT
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {root!r})
+    import torch
+    from backends import cancel
+    from chain.select import background
+
+    class Sink:  # where the job's note would go: a graph this process does not have
+        class report:
+            graphs = []
+
+    class Verifying:  # the in-process part of a package job: kernels, a checkpoint each step
+        records, record_id, what = Sink(), 0, "a package's verification in this process"
+
+        def run(self):
+            a = torch.randn(384, 384)
+            end = time.time() + 60
+            while time.time() < end:
+                cancel.checkpoint()
+                a = torch.tanh(a @ a)
+            return "verified"
+
+        def failed(self, why):
+            return why
+
+    torch.set_num_threads(2)
+    background.submit(Verifying())
+    background._hurry.set()  # no settling: the job starts now
+    time.sleep(1.0)
+    print("leaving", flush=True)
+    """
+)
+
+
+def test_leaving_while_the_worker_runs_kernels_exits_cleanly() -> None:
+    code = SCRIPT.format(root=str(ROOT))
+    env_wait = {"CHAIN_EXIT_WAIT_S": "0.5"}
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, **env_wait},
+    )  # fmt: skip
+    took = time.monotonic() - start
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "terminate called" not in done.stderr
+    assert "waiting up to 0.5 s for a package build" in done.stderr
+    assert done.stdout.strip() == "leaving"
+    assert took < 30, took  # the job stopped at its next checkpoint, not at its end (60 s)
