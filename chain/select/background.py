@@ -132,6 +132,7 @@ def at_exit() -> None:
         while not _queue.empty():
             abandoned.append(_queue.get_nowait())
     _token.cancel("the process is leaving")
+    _hurry.set()  # a job still settling starts, and stops at its first checkpoint
     cancel.abandon_children()
     _stopped(worker)
     waited = time.monotonic() - start
@@ -199,6 +200,7 @@ def _work() -> None:
         try:
             with cancel.holding(_token):
                 _idle()
+                cancel.checkpoint()  # no job starts once the process is leaving
                 note = build.run()
         except cancel.Cancelled:
             return  # abandoned at exit: `at_exit` notes it, nothing is kept against it
