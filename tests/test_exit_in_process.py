@@ -2,8 +2,8 @@
 (a challenger's package loaded, verified, warmed up; a kept decision's package timed against
 the JIT compile) exits cleanly: the worker is cancelled, stops at its next checkpoint, and
 the exit waits for that, saying so. Leaving during those kernels aborted the process
-("terminate called without an active exception", exit status 134): seen once in 12
-user-style runs with two CPU hogs, then every time with a job like this test's."""
+("terminate called without an active exception", exit status 134): the message was seen
+once in 12 user-style runs with two CPU hogs, and a job like this test's aborted every time."""
 
 from __future__ import annotations
 
