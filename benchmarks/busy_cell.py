@@ -130,7 +130,8 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
             if call == loaded + 1:
                 load.stop()  # the load goes away
                 stopped = time.perf_counter()
-            if call > loaded + quiet and stopped and time.perf_counter() - stopped >= quiet_s:
+            long_enough = stopped is not None and time.perf_counter() - stopped >= quiet_s
+            if call > loaded + quiet and long_enough:
                 break
             inputs = pool[call % POOL]
             start = time.perf_counter()
@@ -148,7 +149,6 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
                 if wrong:
                     out["wrong"].append({"call": call, "servers": now, "error": err})
         out["calls"] = call - 1
-        out["quiet_s"] = time.perf_counter() - stopped if stopped else 0.0
         out["report"] = backend.report.summary()
         out["attempts"] = [
             [{"backend": a.backend, "status": a.status.value, "reason": a.reason[:300]}
@@ -157,7 +157,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         ]  # fmt: skip
         out["call_ms"] = {  # each call as the caller saw it (checks and switches included)
             "loaded_median": 1e3 * statistics.median(seconds[:loaded]),
-            "quiet_median": 1e3 * statistics.median(seconds[loaded:] or seconds),
+            "quiet_median": 1e3 * statistics.median(seconds[loaded:]),
             "quiet_last_200_median": 1e3 * statistics.median(seconds[-200:]),
         }
         out["retime"] = retime(model, pool[0], compiled, alone(spec["chain"]), spec["retime_s"])

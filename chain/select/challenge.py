@@ -215,7 +215,6 @@ class Apart:
             artefact = self.build()
             cancel.checkpoint()  # the process may be leaving: no torch work here then
             reference, again = current(job.gm, job.reference)
-            cancel.checkpoint()
             loaded = load_verified(
                 self.backend, name, artefact.data, job.gm, job.inputs, reference,
                 job.options.get(self.backend.name, {}),
@@ -223,7 +222,6 @@ class Apart:
             if loaded is None:
                 return f"challenger {name}: its artefact cannot be loaded ({self.backend.name})"
             attempt, fn = loaded
-            cancel.checkpoint()
             warm = _warmed(fn, reference) if attempt.status is Status.WON else ""
         took = time.perf_counter() - start
         where = (

@@ -144,13 +144,16 @@ def load_verified(
     """`winner` rebuilt by `backend` from its artefact `data` (`reusing`), run and verified
     by the chain's rule (no retry, no time limit: off the caller's thread); None when
     `backend` cannot rebuild `winner` from it."""
+    cancel.checkpoint()  # a background job: the process may be leaving (chain.select.background)
     compiler = reusing(backend, winner, data)
     if compiler is None:
         return None
-    return try_backend(
+    loaded = try_backend(
         compiler, gm, inputs, reference, options=options, max_retries=0, timeout_s=None,
         strict=False,
     )  # fmt: skip
+    cancel.checkpoint()
+    return loaded
 
 
 def _failed(build: Build, why: str) -> str:
@@ -183,7 +186,6 @@ def _run(build: Build) -> str:
         build_s = time.perf_counter() - start
         cancel.checkpoint()  # the process may be leaving: no torch work here then
         reference, again = current(build.gm, build.reference)
-        cancel.checkpoint()
         loaded = load_verified(
             build.backend, build.winner, artefact.data, build.gm, build.inputs, reference,
             build.options,
@@ -191,7 +193,6 @@ def _run(build: Build) -> str:
         if loaded is None:
             return _failed(build, f"{build.winner} cannot be rebuilt from it")
         attempt, fn = loaded
-        cancel.checkpoint()
         if fn is None or attempt.status is not Status.WON:
             return _failed(build, f"built, then {attempt.status}: {attempt.reason}")
         speed = f"; {again}" if again else ""
