@@ -6,6 +6,7 @@ asserting the right answer or the prescribed error."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -154,9 +155,11 @@ def test_after_weights_damaged_every_call_raises_until_they_are_reloaded() -> No
 
 
 def test_after_weights_damaged_no_thread_gets_an_answer_from_them() -> None:
-    """Under 8 threads: once a thread's call raised WeightsDamaged, none of its later calls
-    answers; wrong answers can come only from calls made before the damage was seen (the
-    fault damages on every call; re-verification samples)."""
+    """Under 8 threads: once a call raised WeightsDamaged, no call started after it answers,
+    in any thread; wrong answers can come only from calls in flight before the damage was
+    seen (the fault damages on every call; re-verification samples). How many calls are in
+    flight then depends on the machine's load: the order, not the count, is asserted (a
+    count of at most 3 answers a thread failed once at load 2: 27 answers in 200 calls)."""
     model, _ = build_extra("bert")
     backend = chain(_scale_weight_quietly, "eager", measure=False)
     compiled = torch.compile(model, backend=backend, dynamic=False)
@@ -165,17 +168,22 @@ def test_after_weights_damaged_no_thread_gets_an_answer_from_them() -> None:
         want = model(ids).last_hidden_state.clone()
         compiled(ids)
     outcomes: list[list[str]] = [[] for _ in range(8)]
+    answered: list[float] = []  # when each call that answered started
+    raised_at: list[float] = []  # when each WeightsDamaged reached its caller
     start = threading.Barrier(8)
 
     def work(t: int) -> None:
         start.wait()
         with torch.no_grad():
             for _ in range(25):
+                began = time.perf_counter()
                 try:
                     got = compiled(ids).last_hidden_state
                 except WeightsDamaged:
+                    raised_at.append(time.perf_counter())
                     outcomes[t].append("raised")
                     continue
+                answered.append(began)
                 right = torch.allclose(got, want, atol=1e-5)
                 outcomes[t].append("right" if right else "wrong")
 
@@ -187,9 +195,8 @@ def test_after_weights_damaged_no_thread_gets_an_answer_from_them() -> None:
     for seen in outcomes:
         first = seen.index("raised")
         assert set(seen[first:]) == {"raised"}, seen  # no answer after its first raise
-    wrong = sum(seen.count("wrong") for seen in outcomes)
-    raised = sum(seen.count("raised") for seen in outcomes)
-    assert raised >= 8 * 25 - 3 * 8, (raised, wrong)  # all but the first few calls each
+    late = [t for t in answered if t > min(raised_at)]
+    assert not late, f"{len(late)} calls started after the damage was seen answered"
 
 
 def test_a_model_built_under_inference_mode_runs_and_says_why_onnxruntime_declined() -> None:
