@@ -95,11 +95,12 @@ def variants(args: argparse.Namespace, model: torch.nn.Module) -> dict[str, Any]
     """name -> (callable, its chain or None): what the benchmark times on this device."""
     buckets = {"bucket_after": args.bucket_after, "max_buckets": args.max_buckets}
     budget = {"measure_budget_s": 0.1}
-    plain = chain("inductor", "eager", bucket_after=None, **budget)
+    first = args.general
+    plain = chain(first, "eager", bucket_after=None, **budget)
     out: dict[str, Any] = {"eager (no compile)": (model, None)}
     out["chain, no buckets"] = (torch.compile(model, backend=plain), plain)
     if args.device == "cpu":
-        bucketed = chain("inductor", "eager", **buckets, **budget)
+        bucketed = chain(first, "eager", **buckets, **budget)
         out["chain, buckets"] = (torch.compile(model, backend=bucketed), bucketed)
         return out
     graphs = chain("inductor", "cudagraphs", "eager", cuda_graphs=False, **buckets, **budget)
@@ -122,6 +123,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("fp32", "fp16"), default=None,
                         help="default: fp16 on cuda, fp32 on cpu")  # fmt: skip
     parser.add_argument("--hogs", type=int, default=0, help="CPU-hog processes meanwhile")
+    parser.add_argument("--general", choices=("inductor", "onnxruntime"), default="inductor",
+                        help="the chain's first backend (on cpu): the general path, and "
+                        "compiled per hot length, the bucket's candidate")  # fmt: skip
     args = parser.parse_args()
     if (why := device_error(args.device) or zoo.available()) is not None:
         sys.exit(why)

@@ -111,9 +111,27 @@ def calls_of(targets: set[str]) -> Callable[[fx.Node], bool]:
     return lambda n: n.op == "call_module" and str(n.target) in targets
 
 
+KEPT_GRAPHARG = "chain_grapharg"  # dynamo's record of an input, kept past its compile
+
+
+def keep_graphargs(gm: fx.GraphModule) -> None:
+    """Keep dynamo's record of where each input comes from (`meta["grapharg"]`) under a key
+    of our own: dynamo deletes it once the backend's compile returns, and a backend that
+    compiles the graph later (a per-shape bucket, a re-export after a weight update) reads
+    it to tell weights and module floats from activations."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        if "grapharg" in node.meta:
+            node.meta[KEPT_GRAPHARG] = node.meta["grapharg"]
+
+
+def grapharg(node: fx.Node) -> Any:
+    """Dynamo's record of where a placeholder's input comes from, or None."""
+    return node.meta.get("grapharg", node.meta.get(KEPT_GRAPHARG))
+
+
 def _is_weight(node: fx.Node, value: object) -> bool:
     """Dynamo's own record of where the input came from, else "is an nn.Parameter"."""
-    source = getattr(node.meta.get("grapharg"), "source", None)
+    source = getattr(grapharg(node), "source", None)
     if source is not None:
         from torch._dynamo.source import is_from_unspecialized_param_buffer_source
 

@@ -47,7 +47,9 @@ class OnnxGraph:
     `derived` SymInt inputs are read from tensor shapes inside the model; `scalars` are
     module floats dynamo passed as 0-d tensors, inlined as numbers. `carriers` are symbolic
     int inputs no tensor size carries, fed as ONNX inputs `carrier_names` of shape (n, 0)
-    (`onnx_prepare.size_carrier`: the runner makes one per call from the int). `mutated` inputs are
+    (`onnx_prepare.size_carrier`: the runner makes one per call from the int). `fixed` are
+    plain int inputs of a graph specialized for one shape, inlined: a runner refuses a call
+    that passes another value (`check_fixed`). `mutated` inputs are
     written in place by the graph: their new values are the model's last outputs, in that
     order, for the caller to copy back (ONNX has no in-place writes). `warnings`: what
     the exporter warned, one line each, kept for the report (not part of an artefact).
@@ -68,6 +70,7 @@ class OnnxGraph:
     warnings: tuple[str, ...] = ()  # raised while exporting (quiet()): the report keeps them
     carriers: tuple[int, ...] = ()  # int input positions fed as size carriers ...
     carrier_names: tuple[str, ...] = ()  # ... as these ONNX inputs (after `input_names`)
+    fixed: Mapping[int, int] = dataclasses.field(default_factory=dict)  # plain ints inlined
 
     @classmethod
     def of_model(
@@ -201,6 +204,7 @@ def export_onnx(
     freeze: Sequence[int] | None = None,
     opset: int | None = None,
     carry_ints: bool = False,
+    fix_ints: bool = False,
 ) -> OnnxGraph:
     """Export `gm` to ONNX with its parameters and buffers as initializers.
 
@@ -208,7 +212,9 @@ def export_onnx(
     module parameters/buffers). `dynamic_dims`: position -> dims exported as symbolic
     (default: the dims dynamo marked dynamic). `carry_ints`: symbolic ints no tensor size
     carries become ONNX inputs of their own (`OnnxGraph.carriers`), which the caller feeds;
-    else they are refused. Raises Unsupported with the exporter's reason.
+    else they are refused. `fix_ints`: plain int inputs (a graph specialized for one shape)
+    are inlined (`OnnxGraph.fixed`); else they are refused. Raises Unsupported with the
+    exporter's reason.
     """
     if freeze is None:
         frozen, scalars = weight_inputs(gm, example_inputs), module_scalars(gm, example_inputs)
@@ -216,14 +222,15 @@ def export_onnx(
         frozen, scalars = tuple(freeze), {}
     dims = symbolic_dims(gm, example_inputs) if dynamic_dims is None else dynamic_dims
     caught: list[str] = []  # the exporter's warnings, for the report instead of stderr
+    ints = (carry_ints, fix_ints)
     prepared, program, dims = _export(
-        gm, example_inputs, frozen, scalars, dims, opset, (), caught, carry_ints
+        gm, example_inputs, frozen, scalars, dims, opset, (), caught, ints
     )
     mutated = _mutated_inputs(program, prepared)
     if mutated:  # again, unfrozen and returned: ONNX drops in-place writes to inputs
         unfrozen = tuple(i for i in frozen if i not in mutated)
         prepared, program, dims = _export(
-            gm, example_inputs, unfrozen, scalars, dims, opset, mutated, caught, carry_ints
+            gm, example_inputs, unfrozen, scalars, dims, opset, mutated, caught, ints
         )
         missed = set(_mutated_inputs(program, prepared)) - set(mutated)
         if missed:
@@ -242,12 +249,13 @@ def _export(
     opset: int | None,
     mutated: Sequence[int],
     caught: list[str],
-    carry_ints: bool = False,
+    ints: tuple[bool, bool] = (False, False),
 ) -> tuple[PreparedGraph, Any, dict[int, tuple[int, ...]]]:
     """Prepare the graph and run the exporter on it; its failures become Unsupported, its
-    warnings go to `caught`."""
+    warnings go to `caught`. `ints`: prepare_graph's (carry_ints, fix_ints)."""
+    carry, fix = ints
     prepared = prepare_graph(
-        gm, example_inputs, frozen, scalars, returns=mutated, carry_ints=carry_ints
+        gm, example_inputs, frozen, scalars, returns=mutated, carry_ints=carry, fix_ints=fix
     )
     dims = {i: tuple(d) for i, d in dynamic_dims.items() if i in prepared.kept and d}
     dims.update({i: (0,) for i in prepared.carriers})  # a carrier's dim 0 is its int
@@ -365,4 +373,5 @@ def _describe(
         mutated=mutated,
         carriers=prepared.carriers,
         carrier_names=inputs[len(kept) :],
+        fixed=dict(prepared.fixed),
     )

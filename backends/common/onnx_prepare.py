@@ -16,6 +16,7 @@ dynamic dims and ONNX's Shape op carry it (no memory moves: it has no elements).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ import torch
 from torch import fx
 
 from backends.common.fast_paths import encoder_layer, native_mha
+from backends.common.fx_utils import KEPT_GRAPHARG, grapharg
 from backends.errors import Unsupported
 
 
@@ -69,11 +71,11 @@ def module_scalars(gm: fx.GraphModule, example_inputs: Sequence[object]) -> dict
 
     found: dict[int, float] = {}
     for i, (node, value) in enumerate(zip(_placeholders(gm), example_inputs, strict=True)):
-        grapharg = node.meta.get("grapharg")
-        if not getattr(grapharg, "pass_arg_as_tensor", False):
+        arg = grapharg(node)
+        if not getattr(arg, "pass_arg_as_tensor", False):
             continue
         if (
-            isinstance(grapharg.source, AttrSource)
+            isinstance(arg.source, AttrSource)
             and isinstance(value, torch.Tensor)
             and value.dim() == 0
             and value.dtype.is_floating_point
@@ -93,6 +95,7 @@ class PreparedGraph:
     scalars: Mapping[int, float]  # module floats (0-d tensor inputs) inlined as numbers
     decomposed: tuple[str, ...]  # fused fast-path ops spelled out in plain ops
     carriers: tuple[int, ...] = ()  # SymInt positions fed as (n, 0) tensors, after `kept`
+    fixed: Mapping[int, int] = dataclasses.field(default_factory=dict)  # plain ints inlined
 
     @property
     def fed(self) -> tuple[int, ...]:
@@ -110,8 +113,7 @@ def size_carrier(n: int) -> torch.Tensor:
 
 def input_name(node: fx.Node) -> str:
     """A placeholder in words: its name and, for dynamo's graphs, where its value comes from."""
-    grapharg = node.meta.get("grapharg")
-    source = getattr(getattr(grapharg, "source", None), "name", None)
+    source = getattr(getattr(grapharg(node), "source", None), "name", None)
     source = source() if callable(source) else source
     return f"{node.name} ({source})" if source else node.name
 
@@ -146,6 +148,7 @@ def prepare_graph(
     scalars: Mapping[int, float] | None = None,
     returns: Sequence[int] = (),
     carry_ints: bool = False,
+    fix_ints: bool = False,
 ) -> PreparedGraph:
     """Copy `gm` with `frozen` inputs as constants and SymInt inputs read from shapes.
 
@@ -154,7 +157,10 @@ def prepare_graph(
     graph writes in place, returned after its own outputs (their values after the writes).
     `carry_ints`: a symbolic int no tensor size carries becomes an input of its own (a
     size carrier, `size_carrier`), which the caller feeds at every call; without it, such
-    an int is refused with a reason naming the input.
+    an int is refused with a reason naming the input. `fix_ints`: a plain int input (a
+    graph specialized for one shape, as a per-shape bucket is: `chain.run.buckets.shapes`)
+    is inlined, and `PreparedGraph.fixed` names it for the runner to check at every call;
+    without it, such an int is refused.
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -186,21 +192,26 @@ def prepare_graph(
         module.register_buffer(name, example_inputs[i].detach(), persistent=True)  # type: ignore[union-attr]
         with graph.inserting_before(first_op):
             attr = graph.get_attr(name)
-        attr.meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
+        attr.meta = {k: v for k, v in nodes[i].meta.items() if k not in ("grapharg", KEPT_GRAPHARG)}
         nodes[i].replace_all_uses_with(attr)
     carriers: list[int] = []
     read: list[int] = []  # the int inputs the graph reads (derived, inlined or carried)
+    fixed: dict[int, int] = {}  # plain ints inlined (fix_ints), checked by the runner
     for i in sorted(symints):
         if not nodes[i].users:
             continue  # e.g. a dynamic stride dynamo guards on but the graph never reads
-        read.append(i)
         value = _traced(nodes[i], example_inputs[i])
         if not isinstance(value, torch.SymInt):
-            raise Unsupported(
-                f"graph input {i} {input_name(originals[i])} is a plain int: only symbolic ints "
-                "(dynamo's SymInts) are supported"
-            )
-        meta = {k: v for k, v in nodes[i].meta.items() if k != "grapharg"}
+            if not fix_ints:
+                raise Unsupported(
+                    f"graph input {i} {input_name(originals[i])} is a plain int: only "
+                    "symbolic ints (dynamo's SymInts) are supported"
+                )
+            fixed[i] = int(value)  # type: ignore[call-overload]
+            nodes[i].replace_all_uses_with(fixed[i])  # type: ignore[arg-type]
+            continue
+        read.append(i)
+        meta = {k: v for k, v in nodes[i].meta.items() if k not in ("grapharg", KEPT_GRAPHARG)}
         if value.node.expr.is_number:  # specialized: dynamo guards on this very value
             nodes[i].replace_all_uses_with(int(value.node.expr))  # type: ignore[arg-type]
             continue
@@ -231,7 +242,7 @@ def prepare_graph(
     frozen_tensors = tuple(sorted(frozen_set - set(scalars)))
     derived = tuple(i for i in read if i not in carriers)  # an unread int is not fed at all
     return PreparedGraph(
-        module, kept, frozen_tensors, derived, scalars, decomposed, tuple(carriers)
+        module, kept, frozen_tensors, derived, scalars, decomposed, tuple(carriers), fixed
     )
 
 

@@ -112,17 +112,33 @@ OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked
 }
 
 
+# A graph specialized for one shape (plain int inputs: a per-shape bucket, chain.run.buckets)
+# gets a fixed-shape session on CUDA only. On CPU (a tiny BERT, 1 thread, mixed lengths:
+# /work/notes/s13/bdiag2.py) such a session was 1.1x the dynamic one called alone, and the
+# chain serving 1 to 8 of them ran 0.80-0.88x at their lengths: a session per shape
+# costs more than the fixed shapes save.
+FIXED_ON_CPU = (
+    "a session for one shape (a per-shape bucket) is built on CUDA only: on CPU one "
+    "measured 1.1x the dynamic session alone and 0.80-0.88x served beside it "
+    "(docs/guide/buckets.md)"
+)
+
+
 def _compile(
     gm: fx.GraphModule, example_inputs: list[Any], stored: OnnxGraph | None, **options: Any
 ) -> OrtRunner:
     """The runner for `gm`: from the `stored` export when given (no export), else exported."""
     outputs, single = output_nodes(gm)
+    fix = device_of(example_inputs).type == "cuda"
+    nodes = zip(gm.graph.find_nodes(op="placeholder"), example_inputs, strict=False)
+    if not fix and any(type(v) is int and n.users for n, v in nodes):
+        raise Unsupported(FIXED_ON_CPU)
     return build_runner(
         example_inputs,
         stored,
         output_specs(outputs),
         single,
-        lambda inputs: export_onnx(gm, inputs, carry_ints=True),
+        lambda inputs: export_onnx(gm, inputs, carry_ints=True, fix_ints=fix),
         **options,
     )
 
@@ -216,6 +232,7 @@ def onnxruntime_backend(gm: fx.GraphModule, example_inputs: list[Any], **options
 
 
 __all__ = [
+    "FIXED_ON_CPU",
     "OPTIONS",
     "FrozenWeightChanged",
     "OnnxGraph",

@@ -18,7 +18,8 @@ from backends.common.onnx_export import OnnxGraph
 from backends.errors import Unsupported
 from backends.registry import Artefact
 
-FORMAT = 2  # 2: size carriers (symbolic ints fed as (n, 0) inputs)
+FORMAT = 3  # 2: size carriers (symbolic ints fed as (n, 0) inputs); 3: fixed ints
+READS = (2, 3)  # formats this version reads (format 2 has no fixed ints)
 MAGIC = b"onnxruntime-artefact"
 
 
@@ -38,6 +39,7 @@ def to_artefact(graph: OnnxGraph) -> Artefact:
         "mutated": list(graph.mutated),
         "carriers": list(graph.carriers),
         "carrier_names": list(graph.carrier_names),
+        "fixed": {str(k): v for k, v in graph.fixed.items()},
     }
     text = json.dumps(header, sort_keys=True).encode()
     first = MAGIC + f" {FORMAT} {len(text)}\n".encode()
@@ -70,6 +72,11 @@ def _checked_header(header: Any) -> dict[str, Any]:
         raise Unsupported("onnxruntime artefact header: scalars or dynamic_dims not by index")
     if not all(type(v) in (int, float) for v in header["scalars"].values()):
         raise Unsupported("onnxruntime artefact header: a scalar is not a number")
+    fixed = header.setdefault("fixed", {})  # format 2 has none
+    if not isinstance(fixed, dict) or not all(k.isdigit() for k in fixed):
+        raise Unsupported("onnxruntime artefact header: fixed ints not by index")
+    if not all(type(v) is int for v in fixed.values()):
+        raise Unsupported("onnxruntime artefact header: a fixed int is not an int")
     if len(header["carriers"]) != len(header["carrier_names"]):
         raise Unsupported("onnxruntime artefact header: carriers and their names differ in length")
     return header
@@ -132,10 +139,10 @@ def from_artefact(data: bytes) -> OnnxGraph:
     if (
         len(fields) != 3
         or fields[0] != MAGIC
-        or fields[1] != str(FORMAT).encode()
+        or fields[1] not in [str(f).encode() for f in READS]
         or not fields[2].isdigit()
     ):
-        raise Unsupported(f"not an onnxruntime artefact of format {FORMAT}: {first[:60]!r}")
+        raise Unsupported(f"not an onnxruntime artefact of format {READS}: {first[:60]!r}")
     size = int(fields[2])
     try:
         header = _checked_header(json.loads(rest[:size]))
@@ -157,4 +164,5 @@ def from_artefact(data: bytes) -> OnnxGraph:
         mutated=tuple(header["mutated"]),
         carriers=tuple(header["carriers"]),
         carrier_names=tuple(header["carrier_names"]),
+        fixed={int(k): v for k, v in header["fixed"].items()},
     )

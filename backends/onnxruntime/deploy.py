@@ -120,6 +120,7 @@ def not_a_payload(runner: Any) -> str | None:
         (graph.frozen, "froze inputs"),
         (graph.derived, "reads sizes of inputs"),
         (graph.carriers, "takes symbolic ints"),
+        (tuple(graph.fixed), "inlined fixed ints"),
         (tuple(graph.scalars), "inlined module scalars"),
         (graph.mutated, "writes to inputs"),
     )

@@ -78,6 +78,7 @@ def details(graph: OnnxGraph, providers: Sequence[Provider], session: Any) -> di
         "graph_inputs": list(graph.input_names),
         "derived_symints": list(graph.derived),
         **({"size_carriers": list(graph.carriers)} if graph.carriers else {}),
+        **({"fixed_ints": {str(k): v for k, v in graph.fixed.items()}} if graph.fixed else {}),
         "dynamic_dims": {str(k): list(v) for k, v in graph.dynamic_dims.items()},
         "decomposed": list(graph.decomposed),
         "mutated_inputs": list(graph.mutated),

@@ -35,7 +35,7 @@ from backends.onnxruntime.facts import (
     output_specs,
 )
 from backends.onnxruntime.frozen import snapshot_frozen
-from backends.onnxruntime.runtime import FrozenWeightChanged, OutputSpec
+from backends.onnxruntime.runtime import FrozenWeightChanged, OutputSpec, check_fixed
 from backends.onnxruntime.session import (
     Provider,
     create_session,
@@ -83,6 +83,7 @@ class GraphedOrtRunner:
         self._single, self._device, self._stream = single_output, device, stream
         self._frozen = snapshot_frozen(graph, example_inputs)
         self._scalars = tuple(graph.scalars.items())
+        self._fixed = tuple(graph.fixed.items())
         self._binding = session.io_binding()
         index = device.index or 0
         self._inputs: list[tuple[int, torch.Tensor]] = []
@@ -120,6 +121,7 @@ class GraphedOrtRunner:
         return self.graph.model
 
     def _check_weights(self, args: Sequence[Any]) -> None:
+        check_fixed(self._fixed, args)
         for i, tensor, version, ptr in self._frozen:
             arg = args[i]
             if arg is not tensor or arg._version != version or arg.data_ptr() != ptr:
@@ -168,7 +170,7 @@ def onnxruntime_graphed(
         list(providers) if providers is not None else default_providers(device)
     )
     options = session_options(**session)
-    graph = export_onnx(gm, example_inputs)
+    graph = export_onnx(gm, example_inputs, fix_ints=True)
     session = create_graphed_session(graph.model, options, chosen)
     runner = GraphedOrtRunner(
         graph,

@@ -24,6 +24,8 @@ Inputs the graph writes in place (`OnnxGraph.mutated`) come back as the model's 
 outputs and are copied into the caller's tensors, so the caller sees eager's writes.
 Symbolic ints no tensor size carries (`OnnxGraph.carriers`: a decode step's cache position)
 are fed at every call as zero-element arrays of shape (n, 0), which hold no memory.
+Plain ints inlined in a model compiled for one shape (`OnnxGraph.fixed`, a per-shape
+bucket) are compared at every call: another value raises `FixedIntChanged`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ log = logging.getLogger(__name__)
 
 class FrozenWeightChanged(RuntimeError):
     """A parameter or buffer baked into the ONNX model changed after export."""
+
+
+class FixedIntChanged(ValueError):
+    """A model compiled for one shape (its plain int inputs inlined) got another value."""
+
+
+def check_fixed(fixed: Sequence[tuple[int, int]], args: Sequence[Any]) -> None:
+    """Raise FixedIntChanged when an inlined int input is not the value compiled for."""
+    for i, value in fixed:
+        if args[i] != value:
+            raise FixedIntChanged(
+                f"graph input {i} is {args[i]!r}, and this model was compiled for {value} "
+                "(a fixed-shape compile: that value only)"
+            )
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,7 @@ class OrtRunner:
         self._mutated = tuple(enumerate(graph.mutated, start=graph.num_outputs))
         self._scalars = tuple(graph.scalars.items())
         self._sizes = tuple(zip(graph.carrier_names, graph.carriers, strict=True))
+        self._fixed = tuple(graph.fixed.items())
         frozen = compiled.frozen if isinstance(compiled.frozen, Frozen) else Frozen((), (), ())
         self._frozen = frozen
         self._frozen_args = frozen.getter()
@@ -141,7 +158,7 @@ class OrtRunner:
         self._cpu = self._device.type == "cpu"
         self._run = cpu_run(compiled.session)
         plain = self._cpu and not (
-            self._scalars or self._mutated or self._channels_last or self._sizes
+            self._scalars or self._mutated or self._channels_last or self._sizes or self._fixed
         )
         self._call = self._plain_cpu() if plain else self._general
 
@@ -198,8 +215,10 @@ class OrtRunner:
         return call
 
     def _general(self, *args: Any) -> Any:
-        """Any call: scalars inlined as constants, size carriers, written inputs,
+        """Any call: scalars inlined as constants, fixed ints, size carriers, written inputs,
         channels_last, CUDA."""
+        if self._fixed:
+            check_fixed(self._fixed, args)
         got = self._frozen_args(args)
         if not (
             all(map(operator.is_, got, self._frozen_tensors))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chain.run.watch import Watch
+from chain.run.watch.fast import NOT_RUN, Slow
 
 
 def checked(
@@ -47,3 +48,26 @@ def judged(
     if reason is None and suspect and watch.can_reverify_after(kept):
         return watch.reverify(n, args, kept, lambda: out, timed=False)
     return out, reason
+
+
+def unkept(
+    fn: Callable[..., Any], watch: Watch, args: tuple[Any, ...]
+) -> tuple[Any, int, str | None, list[int] | None]:
+    """A call of `fn` under `watch` for a graph that writes none of its inputs (a bucket's):
+    by the watch's fast path where bound (`watch.fast`), else, and for the calls it hands
+    back, the general route; (output, call number, why it is wrong, the activations'
+    versions before it: None where the fast path found them unmoved)."""
+    fast = watch.fast
+    if fast is None:
+        n, scan = watch.call_number(), None
+    else:
+        slow = fast(*args)
+        if type(slow) is not Slow:
+            return slow, 0, None, None
+        n, scan = slow.n, slow.scan
+        if slow.out is not NOT_RUN:
+            out, reason = judged(watch, n, args, None, slow.out, bool(scan))
+            return out, n, reason, slow.versions
+    versions = watch.versions(args)
+    out, reason = checked(fn, watch, n, args, None, scan)
+    return out, n, reason, versions

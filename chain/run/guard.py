@@ -16,6 +16,7 @@ from backends.errors import BackendExit, one_line
 from chain.run.callers import CALLERS
 from chain.run.calls import checked as _checked
 from chain.run.calls import judged as _judged
+from chain.run.calls import unkept
 from chain.run.precompilable import Precompilable
 from chain.run.race import NOT_RACED, Raced, Racer
 from chain.run.watch import Demoted, InputsWritten, Watch
@@ -140,12 +141,14 @@ class GuardedGraph(Precompilable):
             watch.on_update = self._quiet_update
         return _active(fn, backend_index, watch)
 
-    def bucket_watch(self, winner: str) -> Watch | None:
-        """The run-time checks for a bucket `winner` serves (chain.run.buckets): the graph's own,
-        its calls counted on the bucket rather than on the graph's record."""
+    def bucket_watch(self, winner: str, fn: Callable[..., Any]) -> Watch | None:
+        """The run-time checks for a bucket `winner` serves with `fn` (chain.run.buckets): the
+        graph's own, its calls counted on the bucket rather than on the graph's record, with
+        the fast path a general winner has."""
         watch = self.watch_for(winner) if self.watch_for else None
         if watch is not None:
             watch.counts_calls = False
+            watch.fast = fast_path(watch, fn)
         return watch
 
     def __call__(self, *args: Any) -> Any:
@@ -296,10 +299,8 @@ class GuardedGraph(Precompilable):
         (chain.run.buckets), so nothing is kept before the call."""
         if watch is None:
             return fn(*args), 0, None
-        n = watch.call_number()
-        versions = watch.versions(args)
-        out, reason = _checked(fn, watch, n, args, None)
-        if moved := watch.wrote(args, versions):
+        out, n, reason, versions = unkept(fn, watch, args)
+        if versions and (moved := watch.wrote(args, versions)):
             assert self.buckets is not None
             self.buckets.demote(args, Demoted(n, f"wrote input(s) {moved}"))
             raise InputsWritten(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from backends.common.fx_utils import keep_graphargs
 from backends.errors import InvalidBackend
 from backends.registry import Backend
 from chain.judge.speed import EAGER, SpeedRules, floor_at_run_time
@@ -179,6 +180,7 @@ class Chain:
             settings = {"mode": self.mode, "cuda_graphs": self.graphs.setting}
             torch_modes.check_call(dynamo_kwargs, settings)
         inputs = list(example_inputs)
+        keep_graphargs(gm)  # what later compiles read (buckets, re-exports): dynamo drops it
         with self._once.turn(gm, inputs) as turn:  # a graph selected again reuses its decision
             recall = turn.recall(self.recall.lookup(gm, inputs), self.report)  # look up
             recorded, remembered = (recall.recorded, recall.notes) if recall else (None, ())

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from backends.common.fx_utils import weight_inputs
+from backends.common.fx_utils import grapharg, weight_inputs
 from backends.common.versions import version
 from chain.judge.verify import unchanged
 
@@ -99,7 +99,7 @@ def input_names(gm: fx.GraphModule, count: int) -> list[str]:
     (`embeddings.word_embeddings.weight`), else the placeholder's name (`l_x_`)."""
     names: list[str] = []
     for node in gm.graph.find_nodes(op="placeholder")[:count]:
-        source = getattr(node.meta.get("grapharg"), "source", None)
+        source = getattr(grapharg(node), "source", None)
         text = ""
         if source is not None:
             name = getattr(source, "name", "")

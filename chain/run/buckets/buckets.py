@@ -199,7 +199,7 @@ class Buckets:
             else:
                 if len(self.served) >= self.stats.max_buckets and victim is not None:
                     self._evict(victim[0], f"least used of {self.stats.max_buckets} (max_buckets)")
-                watch = general.bucket_watch(bucket.winner or "")
+                watch = general.bucket_watch(bucket.winner or "", fn)
                 if race is not None:
                     race.watch = watch
                 self.served[key] = (fn, bucket, watch, race)

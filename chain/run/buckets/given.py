@@ -27,8 +27,9 @@ class General(Protocol):
     @property
     def winner(self) -> str: ...
 
-    def bucket_watch(self, winner: str) -> Watch | None:
-        """The run-time checks for a bucket won by `winner` (as for a general winner)."""
+    def bucket_watch(self, winner: str, fn: Fn) -> Watch | None:
+        """The run-time checks for a bucket won by `winner`, served by `fn` (as for a general
+        winner)."""
         ...
 
 

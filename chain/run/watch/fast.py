@@ -54,12 +54,12 @@ class Slow(NamedTuple):
 def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """`fn` under `watch`'s cheap checks as one closure returning the output or a `Slow`;
     None when the graph needs the general path on every call (it writes an input, so each
-    call keeps a copy first; its outputs are not a flat tuple; a bucket's watch)."""
+    call keeps a copy first; its outputs are not a flat tuple). A bucket's watch
+    (`counts_calls` false) counts its calls on the bucket, not on the graph's record."""
     expected = watch.expected
     if expected is None or watch.writes is not None or not expected.flat:
         return None
-    if not watch.counts_calls:
-        return None
+    counts = watch.counts_calls
     counter, stats, schedule, draw = watch.counter, watch.stats, watch.schedule, watch._draw
     count = expected.count
     scanned = tuple(s.index for s in expected.specs if s.finite_cpu)  # for NaN/inf, sampled
@@ -86,7 +86,8 @@ def fast_path(watch: Watch, fn: Callable[..., Any]) -> Callable[..., Any] | None
 
     def call(*args: Any) -> Any:
         n = next(counter)
-        stats.calls = n
+        if counts:
+            stats.calls = n
         timed = n >= schedule.mark  # a call around a re-verification: timed for its budget
         if timed and n >= schedule.due:
             return Slow(n)

@@ -101,6 +101,7 @@ class Watch:
         self.versioned = tuple(i for i in versioned if i not in written)
         self.counter = itertools.count(1)  # next() is atomic: call numbers under threads
         self.counts_calls = True  # False for a bucket's watch: the record counts the graph's
+        self.fast: Callable[..., Any] | None = None  # a bucket's usual call (watch.fast)
         self.schedule = Schedule(reverify_rate if expected is not None else 0.0)
         self.scan_share = 1.0  # of calls scanned for NaN/inf: all until measured
         self.scan_budget = max(SCAN_SHARE, reverify_rate / 2)
