@@ -19,6 +19,7 @@ or ORT cannot take, dynamic shapes the exporter cannot express ("dynamic shapes:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 from collections.abc import Callable, Sequence
@@ -50,6 +51,7 @@ from backends.onnxruntime.session import (
     default_providers,
     user_stream,
 )
+from backends.onnxruntime.threads import choose as choose_threads
 from backends.options import BadValue, Check, boolean, did_you_mean, one_of, optional, threads
 from backends.registry import register_backend
 
@@ -158,7 +160,7 @@ def build_runner(
 ) -> OrtRunner:
     """The runner of the `stored` export (None: `export(inputs)` makes it) whose outputs are
     `specs` (one bare value when `single`); `export` also serves re-exports."""
-    options = session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+    intra = intra_op_num_threads  # None: ORT's default, or 1 where measured faster
     check_inference(example_inputs)
     device = device_of(example_inputs)
     chosen = list(providers) if providers is not None else default_providers(device)
@@ -173,7 +175,7 @@ def build_runner(
         if any(i >= len(inputs) for i in (*graph.input_positions, *graph.frozen, *graph.carriers)):
             raise Unsupported(f"the model reads inputs the graph has not ({len(inputs)} inputs)")
         cancel.checkpoint()  # an abandoned compile builds no session
-        session = create_session(graph.model, options, chosen)
+        session = create_session(graph.model, make_options(), chosen)
         return Compiled(graph, session, snapshot_frozen(graph, inputs))
 
     def update(inputs: Sequence[object], refresher: Refresher) -> Compiled:
@@ -184,12 +186,22 @@ def build_runner(
         return Compiled(graph, session, snapshot_frozen(graph, inputs), kept)
 
     def make_options() -> Any:
-        return session_options(graph_optimization_level, intra_op_num_threads, allow_spinning)
+        return session_options(graph_optimization_level, intra, allow_spinning)
 
     start = time.perf_counter()
     compiled = build(example_inputs, stored)
     built_s = time.perf_counter() - start
+    choice = None
+    if intra is None and device.type == "cpu":  # the user pinned none: measured
+        graph = compiled.graph
+        one = lambda: create_session(graph.model, _one_thread(make_options()), chosen)  # noqa: E731
+        choice, session = choose_threads(graph, example_inputs, compiled.session, one)
+        intra = choice.threads
+        compiled = dataclasses.replace(compiled, session=session)
     facts = details(compiled.graph, chosen, compiled.session)
+    if choice is not None:
+        facts["intra_op_threads"] = choice.threads or "default"
+        facts["intra_op_threads_why"] = choice.why
     if stored is not None:
         facts["from_artefact"] = True  # built from a stored export: nothing exported
     refresher = Refresher(initializer_positions(compiled.graph) if device.type == "cpu" else {})
@@ -208,6 +220,12 @@ def build_runner(
         refresher=refresher,
     )
     return runner
+
+
+def _one_thread(options: Any) -> Any:
+    """`options` with one intra-op thread (the caller's thread runs every op)."""
+    options.intra_op_num_threads = 1
+    return options
 
 
 def onnxruntime_reuse(

@@ -1,0 +1,138 @@
+"""ONNX Runtime's intra-op threads on CPU, measured per graph (backends.onnxruntime.threads):
+one thread where it is faster with confidence, ORT's default otherwise.
+
+The decision's tests run sessions whose calls cost set times on a virtual clock
+(tests/clock.py), so they come out the same on a loaded machine; the chain's test runs the
+real thing and asserts what is true either way: the answers, and that the report says
+which count serves and why.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from backends.onnxruntime import threads
+from backends.onnxruntime.threads import MARGIN, ROUNDS, SLOW_MS, choose
+from chain import chain
+from tests.clock import VirtualClock
+from tests.models import build_extra
+
+MODES: dict[str, Callable[[], Any]] = {
+    "inference_mode": torch.inference_mode,
+    "no_grad": torch.no_grad,
+}
+
+
+class Session:
+    """A session whose run costs `costs` seconds in turn (cycled) on the virtual clock."""
+
+    def __init__(self, clock: VirtualClock, *costs: float) -> None:
+        self.clock, self.costs, self.runs = clock, itertools.cycle(costs), 0
+
+    def run(self, names: Any, feeds: Any) -> list[Any]:
+        self.runs += 1
+        self.clock.sleep(next(self.costs))
+        return []
+
+
+def decide(
+    monkeypatch: pytest.MonkeyPatch, default_s: tuple[float, ...], one_s: tuple[float, ...]
+) -> tuple[threads.Choice, bool, Session | None]:
+    """`choose` between sessions of those costs: (the choice, whether the one-thread
+    session serves, that session if it was built)."""
+    clock = VirtualClock(tick_s=0.0).install(monkeypatch, "backends.onnxruntime.threads")
+    graph = type("G", (), {"output_names": ("y",), "input_names": (), "input_positions": (),
+                           "carrier_names": (), "carriers": ()})()  # fmt: skip
+    default = Session(clock, *default_s)
+    built: list[Session] = []
+
+    def one_thread() -> Session:
+        built.append(Session(clock, *one_s))
+        return built[0]
+
+    choice, serving = choose(graph, [], default, one_thread)  # type: ignore[arg-type]
+    return choice, serving is not default, built[0] if built else None
+
+
+def test_one_thread_faster_with_confidence_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    choice, single, _ = decide(monkeypatch, (0.5e-3,), (0.4e-3,))
+    assert (choice.threads, single) == (1, True)
+    assert f"faster in {ROUNDS} of {ROUNDS} rounds" in choice.why and "1.25x" in choice.why
+
+
+@pytest.mark.parametrize(
+    ("one_s", "why"),
+    [
+        ((0.6e-3,), "0.83x"),  # slower
+        ((0.5e-3 / (MARGIN - 0.02),), "faster in 15 of 15"),  # faster, under the margin
+    ],
+    ids=["slower", "within-the-margin"],
+)
+def test_otherwise_the_default_stays(
+    monkeypatch: pytest.MonkeyPatch, one_s: tuple[float, ...], why: str
+) -> None:
+    choice, single, _ = decide(monkeypatch, (0.5e-3,), one_s)
+    assert (choice.threads, single) == (None, False)
+    assert choice.why.startswith("ORT's default kept") and why in choice.why
+
+
+def test_a_noisy_timing_keeps_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread 1.3x faster in most blocks, but a busy machine slows some of its blocks
+    3x: too few rounds won for the sign test, so ORT's default stays."""
+    default = (0.5e-3,)
+    # the one-thread session's calls: a slow stretch now and then, long enough to spoil
+    # a whole block in 5 of 15 rounds
+    one = tuple([0.38e-3] * 20 + [1.5e-3] * 10)
+    choice, single, _ = decide(monkeypatch, default, one)
+    assert (choice.threads, single) == (None, False), choice.why
+    assert "of 15 rounds" in choice.why
+
+
+def test_a_slow_graph_is_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call over SLOW_MS: no second session is built, ORT's default serves."""
+    choice, single, built = decide(monkeypatch, (2 * SLOW_MS / 1000,), (0.1e-3,))
+    assert (choice.threads, single, built) == (None, False, None)
+    assert "not timed" in choice.why
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_chain_serves_the_chosen_session_and_says_which(
+    mode: str, dynamic: bool | None
+) -> None:
+    """A tiny BERT through ONNX Runtime, two lengths, then a weight update: every answer is
+    eager's, each graph's attempt names the thread count and why; a count the user pins is
+    never second-guessed."""
+    model, _ = build_extra("bert")
+    measured = chain("onnxruntime", "eager", measure=False)
+    pinned = chain("onnxruntime", "eager", measure=False,
+                   options={"onnxruntime": {"intra_op_num_threads": 1}})  # fmt: skip
+    compiled = [torch.compile(model, backend=c, dynamic=dynamic) for c in (measured, pinned)]
+
+    def check() -> None:
+        with MODES[mode]():
+            for n in (7, 12, 7, 12):
+                x = torch.randint(0, 100, (2, n), generator=torch.Generator().manual_seed(n))
+                want = model(x).last_hidden_state
+                for fn in compiled:
+                    torch.testing.assert_close(fn(x).last_hidden_state, want)
+
+    check()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.9)
+    check()
+    for graph in measured.report.graphs:
+        details = graph.winning_attempt.details
+        assert details["intra_op_threads"] in (1, "default")
+        assert (
+            "rounds" in details["intra_op_threads_why"]
+            or "not timed" in details["intra_op_threads_why"]
+        )
+    for graph in pinned.report.graphs:
+        assert "intra_op_threads" not in graph.winning_attempt.details
