@@ -31,8 +31,9 @@ def session_options(
     idle pools that spin steal the cores from torch's threads and from each other (on
     2 cores, eager ResNet went from 12 ms to 670 ms between spinning ORT calls; the
     direct ConvNeXt ran 12.8 ms without spinning, 28.2 ms with it, 44.6 ms with ORT's
-    defaults: `benchmarks/ort_overhead.py --sweep`). Threads default to ORT's (one per
-    physical core): 1 thread was slower than 2 on 2 cores, even with the other core busy.
+    defaults: `benchmarks/ort_overhead.py --sweep`). Threads: `intra_op_num_threads` None
+    is ORT's default (one per physical core); the backend times it against one thread per
+    graph on CPU (`backends.onnxruntime.threads`).
     """
     import onnxruntime as ort
 

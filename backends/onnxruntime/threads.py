@@ -2,8 +2,8 @@
 
 ORT's default is a pool of one thread per physical core, and every parallel op hands work
 to the pool and waits for it. On a small graph those hand-offs cost more than the second
-core gives. Measured on a 2-core CPU (`/work/notes/s13/ort_threads*.py`, the same export
-side by side, 1 and 2 torch threads):
+core gives. Measured on a 2-core CPU (`benchmarks/ort_threads.py`, the same export side by
+side, 1 and 2 torch threads):
 - 1 thread was 1.23-1.41x faster on sub-millisecond transformers (2 layers, hidden 64);
 - it was 0.90x on a 3 ms BERT and 0.74x on a 13 ms one.
 
