@@ -116,8 +116,8 @@ OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked
 
 # A graph specialized for one shape (plain int inputs: a per-shape bucket, chain.run.buckets)
 # gets a fixed-shape session on CUDA only. On CPU (a tiny BERT, 1 thread, mixed lengths:
-# /work/notes/s13/bdiag2.py) such a session was 1.1x the dynamic one called alone, and the
-# chain serving 1 to 8 of them ran 0.80-0.88x at their lengths: a session per shape
+# docs/guide/buckets.md, Figures) such a session was 1.1x the dynamic one called alone, and
+# the chain serving 1 to 8 of them ran 0.80-0.88x at their lengths: a session per shape
 # costs more than the fixed shapes save.
 FIXED_ON_CPU = (
     "a session for one shape (a per-shape bucket) is built on CUDA only: on CPU one "
