@@ -136,3 +136,23 @@ def test_the_chain_serves_the_chosen_session_and_says_which(
         )
     for graph in pinned.report.graphs:
         assert "intra_op_threads" not in graph.winning_attempt.details
+
+
+def test_timing_a_size_carrier_does_not_make_dynamo_compile_again() -> None:
+    """A graph that takes an int no tensor size carries (fed as a size carrier): the timing
+    reads the int's hint, never `int()` of it, which would make dynamo guard on its value
+    and compile the graph again for every other one (it did: 4 graphs for 4 values)."""
+
+    def head(x: torch.Tensor, n: int) -> torch.Tensor:
+        return x[:, :n] * 2 + n
+
+    backend = chain("onnxruntime", "eager", measure=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(head, backend=backend, dynamic=True)
+    x = torch.randn(3, 10)
+    with torch.no_grad():
+        for n in (3, 5, 8, 6):
+            torch.testing.assert_close(compiled(x, n), head(x, n))
+    (graph,) = backend.report.graphs
+    assert graph.winner == "onnxruntime"
+    assert graph.winning_attempt.details["intra_op_threads"] in (1, "default")

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from backends import cancel
 from backends.common.onnx_export import OnnxGraph
 from backends.onnxruntime.runtime import carrier_array
@@ -42,14 +44,22 @@ class Choice:
     why: str
 
 
-def feeds(graph: OnnxGraph, inputs: Any) -> dict[str, Any]:
-    """The session's feeds for `inputs`: numpy views of the tensors, the size carriers."""
+def feeds(graph: OnnxGraph, inputs: Any) -> dict[str, Any] | None:
+    """The session's feeds for `inputs`: numpy views of the tensors, the size carriers;
+    None when a symbolic int has no value. A symbolic int is read by its hint, never
+    `int()`: that would make dynamo guard on this call's value and compile the graph again
+    for every other one."""
     out = {
         name: inputs[i].detach().numpy()
         for name, i in zip(graph.input_names, graph.input_positions, strict=True)
     }
     for name, i in zip(graph.carrier_names, graph.carriers, strict=True):
-        out[name] = carrier_array(inputs[i])
+        n = inputs[i]
+        if isinstance(n, torch.SymInt):
+            n = n.node.hint if n.node.has_hint() else None
+        if n is None:
+            return None
+        out[name] = carrier_array(n)
     return out
 
 
@@ -59,6 +69,8 @@ def choose(
     """Time the `default` session against `one_thread()`'s (built only when the graph is
     fast enough to time); (the choice, the session to serve)."""
     names, fed = list(graph.output_names), feeds(graph, inputs)
+    if fed is None:
+        return Choice(None, "ORT's default: a symbolic size has no value to time with"), default
     start = time.perf_counter()
     default.run(names, fed)
     first_ms = 1000 * (time.perf_counter() - start)
