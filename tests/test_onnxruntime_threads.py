@@ -9,6 +9,7 @@ which count serves and why.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+from backends import Unsupported
 from backends.onnxruntime import threads
+from backends.onnxruntime.artefact import to_artefact
 from backends.onnxruntime.threads import MARGIN, ROUNDS, SLOW_MS, choose
 from chain import chain
 from tests.clock import VirtualClock
@@ -156,3 +159,45 @@ def test_timing_a_size_carrier_does_not_make_dynamo_compile_again() -> None:
     (graph,) = backend.report.graphs
     assert graph.winner == "onnxruntime"
     assert graph.winning_attempt.details["intra_op_threads"] in (1, "default")
+
+
+@pytest.mark.parametrize("timed", [1, 0], ids=["one-thread", "default"])
+def test_a_stored_export_keeps_its_count_and_is_not_timed_again(
+    monkeypatch: pytest.MonkeyPatch, timed: int
+) -> None:
+    """The count timed at the first compile goes into the export's artefact; a warm start
+    (`onnxruntime_reuse`, as the decision store does on the same machine) builds its session
+    with that count and times nothing. A header with another value is refused."""
+    import backends.onnxruntime as ort
+    from backends.onnxruntime.artefact import from_artefact
+
+    model, _ = build_extra("bert")
+    graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = torch.randint(0, 100, (2, 7))
+    with torch.no_grad():
+        want = torch.compile(model, backend=capture)(x).last_hidden_state
+        ((gm, inputs),) = graphs
+        runner = ort.onnxruntime_backend(gm, inputs)
+        assert runner.graph.threads in (0, 1)  # timed at this compile
+        stored = dataclasses.replace(runner.graph, threads=timed)
+        data = to_artefact(stored).data
+        assert from_artefact(data).threads == timed
+
+        def no_timing(*args: Any) -> Any:
+            raise AssertionError("timed again")
+
+        monkeypatch.setattr(ort, "choose_threads", no_timing)
+        again = ort.onnxruntime_reuse(gm, inputs, artefact=data)
+        assert again.chain_details["intra_op_threads"] == (timed or "default")
+        assert "as timed when this export was stored" in again.chain_details["intra_op_threads_why"]
+        assert again.session.get_session_options().intra_op_num_threads == timed
+        torch.testing.assert_close(again(*inputs)[0], want)
+    bad = data.replace(f'"intra_op_threads": {timed}'.encode(), b'"intra_op_threads": 7', 1)
+    with pytest.raises(Unsupported, match="intra_op_threads"):
+        from_artefact(bad)

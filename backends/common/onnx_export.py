@@ -71,6 +71,9 @@ class OnnxGraph:
     carriers: tuple[int, ...] = ()  # int input positions fed as size carriers ...
     carrier_names: tuple[str, ...] = ()  # ... as these ONNX inputs (after `input_names`)
     fixed: Mapping[int, int] = dataclasses.field(default_factory=dict)  # plain ints inlined
+    # the intra-op thread count timed fastest for this export on CPU (1; 0: ORT's default;
+    # None: not timed), stored with it: a warm start on the same machine reuses it
+    threads: int | None = None
 
     @classmethod
     def of_model(

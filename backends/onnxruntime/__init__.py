@@ -7,7 +7,8 @@ frozen inputs as `chain_details`. See `runtime` for what happens when frozen wei
 
 Options: `providers` (default: TensorRT EP and CUDA EP for CUDA inputs when installed, then
 CPU), `graph_optimization_level` (disable|basic|extended|all, default all),
-`intra_op_num_threads` (default: ORT's), `allow_spinning` (default False: see
+`intra_op_num_threads` (default on CPU: 1 or ORT's, timed per graph and kept with the stored
+export: `threads`), `allow_spinning` (default False: see
 `common.ort_session.session_options`), `on_weight_change` (reexport|raise, default
 reexport).
 Inputs the graph writes in place come back as extra ONNX outputs and are copied into the
@@ -51,6 +52,7 @@ from backends.onnxruntime.session import (
     default_providers,
     user_stream,
 )
+from backends.onnxruntime.threads import Choice
 from backends.onnxruntime.threads import choose as choose_threads
 from backends.options import BadValue, Check, boolean, did_you_mean, one_of, optional, threads
 from backends.registry import register_backend
@@ -188,16 +190,22 @@ def build_runner(
     def make_options() -> Any:
         return session_options(graph_optimization_level, intra, allow_spinning)
 
+    choice = None
+    measured = intra is None and device.type == "cpu"  # the user pinned none: measured
+    if measured and stored is not None and stored.threads is not None:  # timed when stored
+        intra = stored.threads or None
+        what = "1 thread" if intra else "ORT's default"
+        choice = Choice(intra, f"{what}, as timed when this export was stored")
     start = time.perf_counter()
     compiled = build(example_inputs, stored)
     built_s = time.perf_counter() - start
-    choice = None
-    if intra is None and device.type == "cpu":  # the user pinned none: measured
+    if measured and choice is None:
         graph = compiled.graph
         one = lambda: create_session(graph.model, _one_thread(make_options()), chosen)  # noqa: E731
         choice, session = choose_threads(graph, example_inputs, compiled.session, one)
         intra = choice.threads
-        compiled = dataclasses.replace(compiled, session=session)
+        timed = dataclasses.replace(graph, threads=intra or 0)  # kept with its artefact
+        compiled = dataclasses.replace(compiled, graph=timed, session=session)
     facts = details(compiled.graph, chosen, compiled.session)
     if choice is not None:
         facts["intra_op_threads"] = choice.threads or "default"

@@ -18,7 +18,7 @@ from backends.common.onnx_export import OnnxGraph
 from backends.errors import Unsupported
 from backends.registry import Artefact
 
-FORMAT = 3  # 2: size carriers (symbolic ints fed as (n, 0) inputs); 3: fixed ints
+FORMAT = 3  # 2: size carriers (symbolic ints fed as (n, 0) inputs); 3: fixed ints, threads
 READS = (2, 3)  # formats this version reads (format 2 has no fixed ints)
 MAGIC = b"onnxruntime-artefact"
 
@@ -40,6 +40,7 @@ def to_artefact(graph: OnnxGraph) -> Artefact:
         "carriers": list(graph.carriers),
         "carrier_names": list(graph.carrier_names),
         "fixed": {str(k): v for k, v in graph.fixed.items()},
+        "intra_op_threads": graph.threads,
     }
     text = json.dumps(header, sort_keys=True).encode()
     first = MAGIC + f" {FORMAT} {len(text)}\n".encode()
@@ -72,6 +73,9 @@ def _checked_header(header: Any) -> dict[str, Any]:
         raise Unsupported("onnxruntime artefact header: scalars or dynamic_dims not by index")
     if not all(type(v) in (int, float) for v in header["scalars"].values()):
         raise Unsupported("onnxruntime artefact header: a scalar is not a number")
+    threads = header.setdefault("intra_op_threads", None)  # format 2 has none
+    if threads is not None and (type(threads) is not int or threads not in (0, 1)):
+        raise Unsupported("onnxruntime artefact header: intra_op_threads is not 0, 1 or null")
     fixed = header.setdefault("fixed", {})  # format 2 has none
     if not isinstance(fixed, dict) or not all(k.isdigit() for k in fixed):
         raise Unsupported("onnxruntime artefact header: fixed ints not by index")
@@ -165,4 +169,5 @@ def from_artefact(data: bytes) -> OnnxGraph:
         carriers=tuple(header["carriers"]),
         carrier_names=tuple(header["carrier_names"]),
         fixed={int(k): v for k, v in header["fixed"].items()},
+        threads=header["intra_op_threads"],
     )
