@@ -204,7 +204,7 @@ def build_runner(
         one = lambda: create_session(graph.model, _one_thread(make_options()), chosen)  # noqa: E731
         choice, session = choose_threads(graph, example_inputs, compiled.session, one)
         intra = choice.threads
-        timed = dataclasses.replace(graph, threads=intra or 0)  # kept with its artefact
+        timed = dataclasses.replace(graph, threads=choice.stored)  # kept with its artefact
         compiled = dataclasses.replace(compiled, graph=timed, session=session)
     facts = details(compiled.graph, chosen, compiled.session)
     if choice is not None:

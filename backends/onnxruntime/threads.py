@@ -38,10 +38,13 @@ SLOW_MS = 5.0  # a slower call is not timed: ORT's default stays
 
 @dataclass(frozen=True)
 class Choice:
-    """The thread count kept (None: ORT's default) and why, for the report."""
+    """The thread count kept (None: ORT's default) and why, for the report; `stored`: what
+    the export's artefact keeps (1, 0 for the default, None: time again next time), only a
+    verdict either way: a tie, a spoiled timing or a graph not timed is not remembered."""
 
     threads: int | None
     why: str
+    stored: int | None = None
 
 
 def feeds(graph: OnnxGraph, inputs: Any) -> dict[str, Any] | None:
@@ -71,11 +74,12 @@ def choose(
     names, fed = list(graph.output_names), feeds(graph, inputs)
     if fed is None:
         return Choice(None, "ORT's default: a symbolic size has no value to time with"), default
+    default.run(names, fed)  # the first run allocates: the second says how long a call is
     start = time.perf_counter()
     default.run(names, fed)
-    first_ms = 1000 * (time.perf_counter() - start)
-    if first_ms > SLOW_MS:
-        return Choice(None, f"ORT's default: a call takes {first_ms:.1f} ms, not timed"), default
+    call_ms = 1000 * (time.perf_counter() - start)
+    if call_ms > SLOW_MS:
+        return Choice(None, f"ORT's default: a call takes {call_ms:.1f} ms, not timed"), default
     single = one_thread()
     runs = {"default": lambda: default.run(names, fed), "1": lambda: single.run(names, fed)}
     for run in runs.values():  # warm: the new session's first runs allocate
@@ -92,8 +96,9 @@ def choose(
     wins, median = sum(x > 1.0 for x in ratios), statistics.median(ratios)
     line = f"1 thread {median:.2f}x ORT's default, faster in {wins} of {ROUNDS} rounds"
     if wins >= WINS and median >= MARGIN:
-        return Choice(1, line), single
-    return Choice(None, f"ORT's default kept: {line}"), default
+        return Choice(1, line, stored=1), single
+    slower = wins <= ROUNDS - WINS and median <= 1 / MARGIN  # the default, with confidence
+    return Choice(None, f"ORT's default kept: {line}", stored=0 if slower else None), default
 
 
 def _block(run: Callable[[], Any], calls: int) -> float:
