@@ -44,11 +44,15 @@ class Session:
 
 
 def decide(
-    monkeypatch: pytest.MonkeyPatch, default_s: tuple[float, ...], one_s: tuple[float, ...]
+    monkeypatch: pytest.MonkeyPatch,
+    default_s: tuple[float, ...],
+    one_s: tuple[float, ...],
+    load: float = 0.0,
 ) -> tuple[threads.Choice, bool, Session | None]:
-    """`choose` between sessions of those costs: (the choice, whether the one-thread
-    session serves, that session if it was built)."""
+    """`choose` between sessions of those costs, the machine's load average `load`: (the
+    choice, whether the one-thread session serves, that session if it was built)."""
     clock = VirtualClock(tick_s=0.0).install(monkeypatch, "backends.onnxruntime.threads")
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load))
     graph = type("G", (), {"output_names": ("y",), "input_names": (), "input_positions": (),
                            "carrier_names": (), "carriers": ()})()  # fmt: skip
     default = Session(clock, *default_s)
@@ -84,6 +88,19 @@ def test_otherwise_the_default_stays(
     choice, single, _ = decide(monkeypatch, (0.5e-3,), one_s)
     assert (choice.threads, single, choice.stored) == (None, False, stored)
     assert choice.why.startswith("ORT's default kept") and why in choice.why
+
+
+@pytest.mark.parametrize(("one_s", "threads_kept"), [((0.4e-3,), 1), ((0.6e-3,), None)])
+def test_a_verdict_on_a_machine_with_no_core_free_serves_but_is_not_stored(
+    monkeypatch: pytest.MonkeyPatch, one_s: tuple[float, ...], threads_kept: int | None
+) -> None:
+    """The same clear verdicts as above, with the load average at the core count: the
+    count serves this process, and nothing is stored with the export."""
+    import os
+
+    choice, _, _ = decide(monkeypatch, (0.5e-3,), one_s, load=float(os.cpu_count() or 1))
+    assert (choice.threads, choice.stored) == (threads_kept, None)
+    assert "not stored with the export" in choice.why
 
 
 def test_a_noisy_timing_keeps_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +192,7 @@ def test_a_stored_export_keeps_its_count_and_is_not_timed_again(
 
     model, _ = build_extra("bert")
     graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = []
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # stored if decided
 
     def capture(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         graphs.append((gm, list(example_inputs)))

@@ -54,7 +54,8 @@ from backends.onnxruntime.session import (
 )
 from backends.onnxruntime.threads import Choice
 from backends.onnxruntime.threads import choose as choose_threads
-from backends.options import BadValue, Check, boolean, did_you_mean, one_of, optional, threads
+from backends.options import BadValue, Check, boolean, did_you_mean, one_of, optional
+from backends.options import threads as thread_count  # the module `threads` is ours
 from backends.registry import register_backend
 
 
@@ -110,7 +111,7 @@ def _all_providers() -> list[str]:
 OPTIONS: dict[str, Check] = {  # name -> value check (backends.options), checked at chain()
     "providers": optional(_providers),
     "graph_optimization_level": one_of(*LEVELS),
-    "intra_op_num_threads": optional(threads()),
+    "intra_op_num_threads": optional(thread_count()),
     "allow_spinning": boolean,
     "on_weight_change": one_of("reexport", "raise"),
 }

@@ -11,12 +11,16 @@ So the backend builds a second session with one thread from the same export and 
 two on the example inputs. Calls alternate in short blocks; the order flips each round. One
 thread is kept only when it is faster in at least `WINS` of `ROUNDS` rounds (a sign test,
 p < 0.02) and by `MARGIN` at the median. Anything else keeps ORT's default, a busy
-machine's undecided timing included. A graph whose call takes over `SLOW_MS` is not timed:
-the larger graphs measured faster with the default, and timing them would slow the compile.
+machine's undecided timing included. A verdict either way is stored with the export
+(`Choice.stored`) unless the machine had no core free (load average at least the core
+count): a busy machine's verdict serves this process but is not remembered. A graph whose
+call takes over `SLOW_MS` is not timed: the larger graphs measured faster with the default,
+and timing them would slow the compile.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -95,10 +99,15 @@ def choose(
         ratios.append(took["default"] / took["1"])
     wins, median = sum(x > 1.0 for x in ratios), statistics.median(ratios)
     line = f"1 thread {median:.2f}x ORT's default, faster in {wins} of {ROUNDS} rounds"
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    busy = load >= cores  # no core was free: a verdict serves, but is not remembered
+    if busy:
+        line += f" (load {load:.1f} on {cores} cores: not stored with the export)"
     if wins >= WINS and median >= MARGIN:
-        return Choice(1, line, stored=1), single
+        return Choice(1, line, stored=None if busy else 1), single
     slower = wins <= ROUNDS - WINS and median <= 1 / MARGIN  # the default, with confidence
-    return Choice(None, f"ORT's default kept: {line}", stored=0 if slower else None), default
+    stored = 0 if slower and not busy else None
+    return Choice(None, f"ORT's default kept: {line}", stored=stored), default
 
 
 def _block(run: Callable[[], Any], calls: int) -> float:
