@@ -76,22 +76,19 @@ def main() -> None:
     for name, (model, inputs) in cases(args.models).items():
         torch._dynamo.reset()
         fns: dict[str, Any] = {"eager": model}
-        measured = None
+        chains = {}
         for label, count in (("measured", None), ("cores", cores), ("one", 1)):
             options = {"onnxruntime": {"intra_op_num_threads": count}} if count else {}
-            backend = chain("onnxruntime", measure=False, options=options)
-            fn = torch.compile(model, backend=backend)
+            chains[label] = chain("onnxruntime", measure=False, options=options)
+            fns[label] = torch.compile(model, backend=chains[label])
             with torch.no_grad():
-                fn(*inputs)
-            fns[label] = fn
-            measured = measured or backend
+                fns[label](*inputs)
         ms = {k: t.median_ms for k, t in measure(fns, inputs, baseline="eager",
                                                   budget_s=args.budget_s).items()}  # fmt: skip
-        assert measured is not None
         chosen = "; ".join(
             f"{g.winning_attempt.details.get('intra_op_threads')}: "
             f"{g.winning_attempt.details.get('intra_op_threads_why')}"
-            for g in measured.report.graphs
+            for g in chains["measured"].report.graphs
             if g.winning_attempt is not None
         )
         print(f"| {name} | {ms['eager']:.3f} | {ms['measured']:.3f} | {ms['cores']:.3f} | "

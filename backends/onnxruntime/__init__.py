@@ -202,7 +202,8 @@ def build_runner(
     built_s = time.perf_counter() - start
     if measured and choice is None:
         graph = compiled.graph
-        one = lambda: create_session(graph.model, _one_thread(make_options()), chosen)  # noqa: E731
+        one_thread = session_options(graph_optimization_level, 1, allow_spinning)
+        one = lambda: create_session(graph.model, one_thread, chosen)  # noqa: E731
         choice, session = choose_threads(graph, example_inputs, compiled.session, one)
         intra = choice.threads
         timed = dataclasses.replace(graph, threads=choice.stored)  # kept with its artefact
@@ -229,12 +230,6 @@ def build_runner(
         refresher=refresher,
     )
     return runner
-
-
-def _one_thread(options: Any) -> Any:
-    """`options` with one intra-op thread (the caller's thread runs every op)."""
-    options.intra_op_num_threads = 1
-    return options
 
 
 def onnxruntime_reuse(
